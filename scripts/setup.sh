@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Creates .venv (if missing) with the CPU build of torch first, then this package and its test extra.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip
+# The CPU wheel of torch must come first: a bare `torch` requirement would pull a CUDA build.
+.venv/bin/python -m pip install -q "torch==2.13.0"
+.venv/bin/python -m pip install -q -e ".[test]"

@@ -1,0 +1,210 @@
+"""What an item is: LeRobot's ``LeRobotDataset.__getitem__`` semantics, shared by every loader.
+
+Both the map-style ``LeRobotSource`` (the reference) and the streaming reader build items here,
+from an episode's rows and the decoded camera frames, so they cannot drift apart. Nothing in
+this module does I/O.
+
+LeRobot 0.6.1 builds an item as: the parquet row converted by ``torch.tensor`` (so floats become
+float32, ints int64, scalars 0-dim), with ``delta_timestamps`` the neighbours' rows stacked and
+clamped to the episode plus ``<key>_is_pad`` masks, the camera frames put *first*, image
+transforms applied to every camera key, and ``task`` appended last.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+
+def delta_indices(
+    delta_timestamps: Mapping[str, Sequence[float]] | None, fps: float, tolerance_s: float = 1e-4
+) -> dict[str, np.ndarray]:
+    """Frame offsets for each key of ``delta_timestamps``; each delta must be a multiple of 1/fps."""
+    if not delta_timestamps:
+        return {}
+    out = {}
+    for key, deltas in delta_timestamps.items():
+        arr = np.asarray(list(deltas), dtype=np.float64)
+        offsets = np.round(arr * fps)
+        bad = np.abs(arr - offsets / fps) > tolerance_s
+        if bad.any():
+            raise ValueError(
+                f"delta_timestamps[{key!r}] = {list(deltas)} are not multiples of 1/fps "
+                f"(fps={fps}) within tolerance_s={tolerance_s}"
+            )
+        out[key] = offsets.astype(np.int64)
+    return out
+
+
+def query_positions(
+    position: int, length: int, deltas: Mapping[str, np.ndarray]
+) -> tuple[dict[str, np.ndarray], dict[str, torch.Tensor]]:
+    """Row positions (within the episode) to read for each delta key, clamped, and the pad masks."""
+    queries: dict[str, np.ndarray] = {}
+    pads: dict[str, torch.Tensor] = {}
+    for key, offsets in deltas.items():
+        raw = position + offsets
+        queries[key] = np.clip(raw, 0, length - 1)
+        pads[f"{key}_is_pad"] = torch.from_numpy((raw < 0) | (raw >= length))
+    return queries, pads
+
+
+def _decode_image(value: object) -> np.ndarray:
+    """PNG/JPEG bytes (LeRobot's ``image`` feature: a struct of bytes and path) to HWC uint8."""
+    from PIL import Image
+
+    data = value["bytes"] if isinstance(value, Mapping) else value
+    if data is None and isinstance(value, Mapping) and value.get("path"):
+        with open(value["path"], "rb") as f:
+            data = f.read()
+    with Image.open(io.BytesIO(data)) as img:
+        return np.asarray(img.convert("RGB"))
+
+
+@dataclass
+class EpisodeColumns:
+    """An episode's rows as tensors, converted once, indexed per item.
+
+    ``tensors`` holds numeric columns stacked over rows (dtype as ``torch.tensor`` of the Python
+    value gives: float32, int64 or bool). ``images`` holds image features as HWC uint8 arrays, decoded
+    lazily. ``others`` keeps any other column as Python values.
+    """
+
+    names: list[str]
+    tensors: dict[str, torch.Tensor]
+    images: dict[str, list]
+    others: dict[str, list]
+    length: int
+
+    @classmethod
+    def from_table(cls, table: pa.Table, image_keys: Sequence[str] = ()) -> EpisodeColumns:
+        tensors: dict[str, torch.Tensor] = {}
+        images: dict[str, list] = {}
+        others: dict[str, list] = {}
+        for name in table.column_names:
+            column = table.column(name)
+            if name in image_keys:
+                images[name] = column.to_pylist()
+                continue
+            array = _column_to_numpy(column)
+            if array is None:
+                others[name] = column.to_pylist()
+            else:
+                tensors[name] = torch.from_numpy(array)
+        return cls(list(table.column_names), tensors, images, others, table.num_rows)
+
+    def value(self, name: str, positions: int | np.ndarray) -> object:
+        """The column at one row position (0-dim / per-row shape) or stacked over several."""
+        if name in self.tensors:
+            col = self.tensors[name]
+            if isinstance(positions, np.ndarray):
+                return col[torch.from_numpy(positions)]
+            return col[positions]
+        if name in self.images:
+            if isinstance(positions, np.ndarray):
+                return torch.stack([self._image(name, int(p)) for p in positions])
+            return self._image(name, positions)
+        col = self.others[name]
+        if isinstance(positions, np.ndarray):
+            return [col[int(p)] for p in positions]
+        return col[positions]
+
+    def _image(self, name: str, position: int) -> torch.Tensor:
+        cell = self.images[name][position]
+        if not isinstance(cell, torch.Tensor):
+            cell = torch.from_numpy(_decode_image(cell)).permute(2, 0, 1).contiguous()
+            self.images[name][position] = cell
+        return cell
+
+
+def _column_to_numpy(column: pa.ChunkedArray) -> np.ndarray | None:
+    """Numeric (possibly fixed-size-list) column to a numpy array with LeRobot's tensor dtypes."""
+    typ = column.type
+    shape: list[int] = []
+    while pa.types.is_fixed_size_list(typ):
+        shape.append(typ.list_size)
+        typ = typ.value_type
+    if pa.types.is_floating(typ):
+        dtype = np.float32  # torch.tensor(python float) -> float32
+    elif pa.types.is_integer(typ):
+        dtype = np.int64
+    elif pa.types.is_boolean(typ):
+        dtype = np.bool_
+    elif pa.types.is_list(typ) or pa.types.is_large_list(typ):
+        return None
+    else:
+        return None
+    flat = column.combine_chunks()
+    for _ in shape:
+        flat = flat.flatten()
+    values = flat.to_numpy(zero_copy_only=False).astype(dtype, copy=False)
+    return np.ascontiguousarray(values.reshape([len(column), *shape]))
+
+
+def frames_to_output(frames_uint8: torch.Tensor, return_uint8: bool) -> torch.Tensor:
+    """LeRobot's conversion of decoded uint8 CHW frames: float32 / 255 unless uint8 is asked for."""
+    if return_uint8:
+        return frames_uint8
+    return frames_uint8.to(torch.float32) / 255
+
+
+@dataclass
+class ItemSpec:
+    """The options that shape an item, identical for the reference and the streaming reader."""
+
+    video_keys: list[str]
+    image_keys: list[str]
+    deltas: dict[str, np.ndarray]
+    return_uint8: bool = False
+    image_transforms: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+    @property
+    def camera_keys(self) -> list[str]:
+        return [*self.video_keys, *self.image_keys]
+
+    def video_positions(self, position: int, length: int) -> dict[str, np.ndarray]:
+        """For each video camera, the episode frame positions an item needs, clamped."""
+        out: dict[str, np.ndarray] = {}
+        for key in self.video_keys:
+            offsets = self.deltas.get(key, np.zeros(1, dtype=np.int64))
+            out[key] = np.clip(position + offsets, 0, length - 1)
+        return out
+
+    def build(
+        self,
+        columns: EpisodeColumns,
+        position: int,
+        frames: Mapping[str, torch.Tensor],
+        task: str,
+    ) -> dict:
+        """Assemble the item for row ``position`` of an episode.
+
+        ``frames[key]`` is uint8 NCHW, one frame per entry of ``video_positions``; like LeRobot,
+        a single frame is returned as CHW (``squeeze(0)``).
+        """
+        queries, pads = query_positions(position, columns.length, self.deltas)
+        row: dict[str, object] = {}
+        for name in columns.names:
+            if name in queries:
+                row[name] = columns.value(name, queries[name])
+            else:
+                row[name] = columns.value(name, position)
+        for key in self.image_keys:
+            if key in row and not self.return_uint8:
+                row[key] = frames_to_output(row[key], False)
+        item: dict[str, object] = {}
+        for key in self.video_keys:
+            item[key] = frames_to_output(frames[key], self.return_uint8).squeeze(0)
+        item.update(row)
+        item.update(pads)
+        if self.image_transforms is not None:
+            for key in self.camera_keys:
+                if key in item:
+                    item[key] = self.image_transforms(item[key])
+        item["task"] = task
+        return item
