@@ -63,7 +63,7 @@ def _decode_image(value: object) -> np.ndarray:
         with open(value["path"], "rb") as f:
             data = f.read()
     with Image.open(io.BytesIO(data)) as img:
-        return np.asarray(img.convert("RGB"))
+        return np.array(img.convert("RGB"))  # writable, for torch.from_numpy
 
 
 @dataclass
@@ -142,7 +142,7 @@ def _column_to_numpy(column: pa.ChunkedArray) -> np.ndarray | None:
     flat = column.combine_chunks()
     for _ in shape:
         flat = flat.flatten()
-    values = flat.to_numpy(zero_copy_only=False).astype(dtype, copy=False)
+    values = flat.to_numpy(zero_copy_only=False).astype(dtype)  # a writable copy for torch
     return np.ascontiguousarray(values.reshape([len(column), *shape]))
 
 

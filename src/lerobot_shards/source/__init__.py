@@ -5,6 +5,7 @@ and where each camera's frames are. :class:`LeRobotSource` is the map-style refe
 whose items equal LeRobot's own ``LeRobotDataset.__getitem__``.
 """
 
+from lerobot_shards.source.dataset import LeRobotSource
 from lerobot_shards.source.layout import (
     EpisodeInfo,
     Source,
@@ -12,5 +13,14 @@ from lerobot_shards.source.layout import (
     VideoSpan,
     open_source,
 )
+from lerobot_shards.source.video import FrameNotFoundError
 
-__all__ = ["EpisodeInfo", "Source", "SourceError", "VideoSpan", "open_source"]
+__all__ = [
+    "EpisodeInfo",
+    "FrameNotFoundError",
+    "LeRobotSource",
+    "Source",
+    "SourceError",
+    "VideoSpan",
+    "open_source",
+]

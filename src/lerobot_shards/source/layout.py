@@ -207,10 +207,11 @@ class Source:
     def _episode_row_groups(pf: pq.ParquetFile, episode_index: int) -> pa.Table:
         """Read only the row groups whose episode_index statistics can hold the episode."""
         meta = pf.metadata
-        names = pf.schema_arrow.names
-        if "episode_index" not in names:
+        # Parquet leaf columns, not Arrow fields: nested columns (images, vectors) add leaves.
+        leaves = [meta.schema.column(i).path for i in range(meta.num_columns)]
+        if "episode_index" not in leaves:
             return pf.read()
-        col = names.index("episode_index")
+        col = leaves.index("episode_index")
         groups = []
         for g in range(meta.num_row_groups):
             st = meta.row_group(g).column(col).statistics
