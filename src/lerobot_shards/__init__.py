@@ -1,3 +1,14 @@
 """lerobot-shards: per-episode tar shards of LeRobot datasets and an exact-coverage loader."""
 
 __version__ = "0.1.0"
+
+_LAZY = {"convert": "lerobot_shards.converter.run"}
+
+
+def __getattr__(name: str):
+    """Import public entry points on first use (``import lerobot_shards`` stays light)."""
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'lerobot_shards' has no attribute {name!r}")

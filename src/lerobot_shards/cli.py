@@ -1,0 +1,111 @@
+"""The ``lerobot-shards`` command line: one click group, one command per job.
+
+Commands import their implementation lazily, so ``lerobot-shards --help`` stays fast and a
+command that is not used costs nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+
+def parse_episodes(spec: str) -> list[int]:
+    """``"0,3,5-9"`` -> ``[0, 3, 5, 6, 7, 8, 9]`` (ranges inclusive, order kept, no repeats)."""
+    out: list[int] = []
+    for part in spec.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            if "-" in part[1:]:
+                lo, hi = part.split("-", 1)
+                start, stop = int(lo), int(hi)
+                if stop < start:
+                    raise ValueError
+                out.extend(range(start, stop + 1))
+            else:
+                out.append(int(part))
+        except ValueError:
+            raise click.BadParameter(
+                f"{part!r} is not an episode index or a range like 5-9", param_hint="--episodes"
+            ) from None
+        if out and out[-1] < 0:
+            raise click.BadParameter(f"{part!r}: negative episode index", param_hint="--episodes")
+    return list(dict.fromkeys(out))
+
+
+@click.group()
+@click.version_option(package_name="lerobot-shards")
+def main() -> None:
+    """Per-episode tar shards of LeRobot datasets, and an exact-coverage streaming loader."""
+
+
+@main.command()
+@click.argument("source")
+@click.argument("dest")
+@click.option("--episodes", help="Episodes to convert, e.g. 0,3,5-9 (default: all).")
+@click.option("--workers", type=click.IntRange(min=0), help="Processes (default: CPU count).")
+@click.option("--overwrite", is_flag=True, help="Delete DEST first and start afresh.")
+@click.option("--no-progress", is_flag=True, help="No progress bar.")
+def convert(
+    source: str, dest: str, episodes: str | None, workers: int | None, overwrite: bool,
+    no_progress: bool,
+) -> None:  # fmt: skip
+    """Convert the LeRobot dataset at SOURCE into shards at DEST (paths or fsspec URLs).
+
+    Rerunning an interrupted conversion finishes it without redoing finished episodes.
+    """
+    from lerobot_shards.converter.run import ConvertError
+    from lerobot_shards.converter.run import convert as run_convert
+    from lerobot_shards.source import SourceError
+
+    try:
+        summary = run_convert(
+            source,
+            dest,
+            episodes=parse_episodes(episodes) if episodes is not None else None,
+            workers=workers,
+            overwrite=overwrite,
+            progress=not no_progress,
+        )
+    except (ConvertError, SourceError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(summary.line())
+
+
+@main.command()
+@click.argument("root")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+def inspect(root: str, as_json: bool) -> None:
+    """Summarise the converted dataset at ROOT."""
+    from lerobot_shards.converter.check import format_inspection, inspect_dataset
+    from lerobot_shards.format import FormatError
+
+    try:
+        summary = inspect_dataset(root)
+    except (FormatError, FileNotFoundError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(json.dumps(summary, indent=2) if as_json else format_inspection(summary))
+
+
+@main.command()
+@click.argument("root")
+@click.option("--deep", is_flag=True, help="Also decode every frame of every camera.")
+def verify(root: str, deep: bool) -> None:
+    """Check every shard of ROOT against its manifest; exit 1 on any problem."""
+    from lerobot_shards.converter.check import verify_dataset
+
+    problems = verify_dataset(root, deep=deep)
+    for problem in problems:
+        click.echo(str(problem), err=True)
+    if problems:
+        click.echo(f"{root}: {len(problems)} problem(s)", err=True)
+        sys.exit(1)
+    click.echo(f"{root}: ok")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""LeRobot dataset -> per-episode tar shards and a manifest (see ``run.convert``)."""

@@ -1,0 +1,207 @@
+"""Cut one camera's episode out of a (multi-episode) source mp4 by stream copy.
+
+Packets are remuxed as they are, never decoded and re-encoded, so a decoder gets bit-identical
+frames. The episode's frames are found by their real presentation timestamps: LeRobot's
+``from_timestamp`` is a running float sum, so the nearest packet within ``tolerance_s`` wins.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import BinaryIO
+
+import av
+
+from lerobot_shards.format import CameraHeader
+
+DEFAULT_TOLERANCE_S = 1e-4
+"""LeRobot's own default tolerance between a query timestamp and a frame timestamp."""
+
+_SEEK_MARGINS_S = (0.0, 1.0, 10.0, None)
+"""How far before the episode to seek; ``None`` means the start of the file."""
+
+
+class CutError(ValueError):
+    """An episode's frames cannot be cut exactly out of a source video."""
+
+
+@dataclass
+class Cut:
+    data: bytes
+    """The episode's mp4, timestamps starting at 0."""
+    camera: CameraHeader
+
+
+@dataclass
+class _Pkt:
+    packet: av.Packet
+    pts: int
+    dts: int
+    key: bool
+
+
+def cut_episode(
+    file: BinaryIO,
+    *,
+    from_timestamp: float,
+    timestamps: list[float],
+    fps: float,
+    tolerance_s: float = DEFAULT_TOLERANCE_S,
+    where: str = "video",
+) -> Cut:
+    """Stream-copy the frames at ``from_timestamp + timestamps[k]`` into a new mp4.
+
+    ``file`` is a seekable binary file (any fsspec file); only the episode's region is read.
+    If the first frame is not a keyframe, the cut starts at the keyframe before it and the
+    header's ``skip_frames`` says how many leading frames to drop. ``where`` names the episode
+    and camera in errors.
+    """
+    if not timestamps:
+        raise CutError(f"{where}: episode has no frames")
+    with av.open(file, mode="r") as container:
+        if not container.streams.video:
+            raise CutError(f"{where}: no video stream")
+        stream = container.streams.video[0]
+        tb = stream.time_base
+        if tb is None:
+            raise CutError(f"{where}: video stream has no time base")
+        first_s = from_timestamp + timestamps[0]
+        last_s = from_timestamp + timestamps[-1]
+        for margin in _SEEK_MARGINS_S:
+            pkts = _demux_span(container, stream, first_s, last_s, margin, tolerance_s)
+            if pkts and (margin is None or _covers(pkts, first_s, tb, tolerance_s)):
+                break
+        picked, start, end = _locate(pkts, from_timestamp, timestamps, tb, tolerance_s, where)
+        span = pkts[start:end]
+        first_pts = picked[0].pts
+        last_pts = picked[-1].pts
+        skip = sum(1 for p in span if p.pts < first_pts)
+        trailing = sum(1 for p in span if p.pts > last_pts)
+        if len(span) != len(timestamps) + skip or trailing:
+            raise CutError(
+                f"{where}: the cut holds {len(span)} frames ({skip} leading, {trailing} after "
+                f"the episode), expected {len(timestamps)} + {skip}: the episode's frames are "
+                "not contiguous in decode order"
+            )
+        data = _remux(container, stream, span)
+        cc = stream.codec_context
+        camera = CameraHeader(
+            codec=cc.codec.canonical_name,
+            width=cc.width,
+            height=cc.height,
+            pix_fmt=cc.pix_fmt or "",
+            fps=float(fps),
+            frames=len(span),
+            skip_frames=skip,
+        )
+    _check_cut(data, camera, where)
+    return Cut(data=data, camera=camera)
+
+
+def _demux_span(
+    container: av.container.InputContainer,
+    stream: av.video.stream.VideoStream,
+    first_s: float,
+    last_s: float,
+    margin: float | None,
+    tolerance_s: float,
+) -> list[_Pkt]:
+    """Packets in decode order from a keyframe at or before ``first_s - margin`` to the episode end.
+
+    Decode order ends the span: once a packet's dts is past the last frame, no later packet can
+    be shown inside the episode, nor be a reference for one of its frames.
+    """
+    tb = stream.time_base
+    if margin is None:
+        container.seek(0, stream=stream, backward=True, any_frame=False)
+    else:
+        target = max(0.0, first_s - margin)
+        container.seek(int(target / tb), stream=stream, backward=True, any_frame=False)
+    stop = last_s + tolerance_s
+    pkts: list[_Pkt] = []
+    for packet in container.demux(stream):
+        if packet.pts is None or packet.size == 0:
+            continue
+        dts = packet.dts if packet.dts is not None else packet.pts
+        if dts * tb > stop:
+            break
+        if not pkts and not packet.is_keyframe:
+            continue
+        pkts.append(_Pkt(packet, packet.pts, dts, bool(packet.is_keyframe)))
+    return pkts
+
+
+def _covers(pkts: list[_Pkt], first_s: float, tb: Fraction, tolerance_s: float) -> bool:
+    """Whether the span starts early enough to hold the episode's first frame and its keyframe."""
+    return min(p.pts for p in pkts) * tb <= first_s + tolerance_s and pkts[0].key
+
+
+def _locate(
+    pkts: list[_Pkt],
+    from_timestamp: float,
+    timestamps: list[float],
+    tb: Fraction,
+    tolerance_s: float,
+    where: str,
+) -> tuple[list[_Pkt], int, int]:
+    """The episode's packets (in pts order) and the decode-order span [start, end) to copy."""
+    if not pkts:
+        raise CutError(f"{where}: no frames at or after {from_timestamp + timestamps[0]:.6f}s")
+    by_pts = sorted(range(len(pkts)), key=lambda i: pkts[i].pts)
+    first_s = from_timestamp + timestamps[0]
+    i0 = min(range(len(by_pts)), key=lambda k: abs(pkts[by_pts[k]].pts * tb - first_s))
+    first = pkts[by_pts[i0]]
+    if abs(float(first.pts * tb) - first_s) > tolerance_s:
+        raise CutError(
+            f"{where}: no frame within {tolerance_s}s of the episode start {first_s:.6f}s "
+            f"(nearest at {float(first.pts * tb):.6f}s)"
+        )
+    chosen = by_pts[i0 : i0 + len(timestamps)]
+    if len(chosen) < len(timestamps):
+        raise CutError(
+            f"{where}: the video holds {len(chosen)} frames from {first_s:.6f}s, "
+            f"the episode has {len(timestamps)}"
+        )
+    for k, i in enumerate(chosen):
+        got = float((pkts[i].pts - first.pts) * tb)
+        want = timestamps[k] - timestamps[0]
+        if abs(got - want) > tolerance_s:
+            raise CutError(
+                f"{where}: frame {k} is at {got:.6f}s into the episode, its row's timestamp "
+                f"says {want:.6f}s (tolerance {tolerance_s}s)"
+            )
+    first_decoded = min(chosen)
+    start = max((i for i in range(first_decoded + 1) if pkts[i].key), default=None)
+    if start is None:
+        raise CutError(f"{where}: no keyframe at or before the episode start {first_s:.6f}s")
+    return [pkts[i] for i in chosen], start, max(chosen) + 1
+
+
+def _remux(
+    container: av.container.InputContainer, stream: av.video.stream.VideoStream, span: list[_Pkt]
+) -> bytes:
+    """Write the packets to a new mp4, pts and dts shifted so the first frame shows at 0."""
+    base = min(p.pts for p in span)
+    buf = io.BytesIO()
+    with av.open(buf, mode="w", format="mp4") as out:
+        ostream = out.add_stream_from_template(stream, opaque=True)
+        ostream.time_base = stream.time_base
+        for p in span:
+            packet = p.packet
+            packet.pts = p.pts - base
+            packet.dts = p.dts - base
+            packet.stream = ostream
+            out.mux(packet)
+    return buf.getvalue()
+
+
+def _check_cut(data: bytes, camera: CameraHeader, where: str) -> None:
+    """Re-read the cut's index: it must hold exactly the frames the header announces."""
+    with av.open(io.BytesIO(data), mode="r") as container:
+        count = sum(
+            1 for p in container.demux(container.streams.video[0]) if p.size and p.pts is not None
+        )
+    if count != camera.frames:
+        raise CutError(f"{where}: the written mp4 holds {count} frames, expected {camera.frames}")

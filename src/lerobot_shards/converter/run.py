@@ -1,0 +1,420 @@
+"""The conversion driver: episodes in parallel, resumable, with progress; ``convert()``.
+
+Resume works from small per-episode records: after an episode's shard is in place, its manifest
+row is saved under ``DEST/.convert/done/``. A rerun trusts a record whose shard still has the
+recorded size and converts everything else; ``index.json`` is written last, so an interrupted
+run is never mistaken for a finished one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing
+import os
+import posixpath
+import time
+from collections.abc import Iterable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import asdict, dataclass
+
+import fsspec
+import pyarrow as pa
+import pyarrow.parquet as pq
+from fsspec.implementations.local import LocalFileSystem
+from tqdm.auto import tqdm
+
+from lerobot_shards import __version__
+from lerobot_shards.converter.cut import DEFAULT_TOLERANCE_S
+from lerobot_shards.converter.shard import TMP_SUFFIX, write_episode_shard
+from lerobot_shards.format import (
+    EPISODES_PER_SHARD_DIR,
+    FORMAT_VERSION,
+    INDEX_FILE,
+    INFO_FILE,
+    MANIFEST_FILE,
+    SHARDS_DIR,
+    STATS_FILE,
+    TASKS_FILE,
+    DatasetIndex,
+    ManifestRow,
+    Member,
+    checksum,
+    episode_key,
+    join,
+    write_manifest,
+)
+from lerobot_shards.source import Source, open_source
+
+STATE_DIR = ".convert"
+OPTIONS_FILE = f"{STATE_DIR}/options.json"
+DONE_DIR = f"{STATE_DIR}/done"
+
+
+class ConvertError(RuntimeError):
+    """The conversion cannot start or an episode failed; the message says which and why."""
+
+
+@dataclass
+class ConvertSummary:
+    dest: str
+    episodes: int
+    """Episodes in the converted dataset."""
+    converted: int
+    """Episodes converted by this run (the others were already done)."""
+    frames: int
+    bytes: int
+    """Total shard bytes of the dataset."""
+    written_bytes: int
+    """Shard bytes written by this run."""
+    seconds: float
+
+    def line(self) -> str:
+        rate = self.written_bytes / 1e6 / self.seconds if self.seconds else 0.0
+        return (
+            f"{self.dest}: {self.episodes} episodes ({self.converted} converted, "
+            f"{self.episodes - self.converted} already done), {self.frames} frames, "
+            f"{self.bytes / 1e6:.1f} MB in {self.seconds:.1f} s ({rate:.1f} MB/s written)"
+        )
+
+
+def convert(
+    source: str,
+    dest: str,
+    *,
+    episodes: Iterable[int] | None = None,
+    workers: int | None = None,
+    overwrite: bool = False,
+    storage_options: dict | None = None,
+    dest_storage_options: dict | None = None,
+    progress: bool = True,
+    tolerance_s: float = DEFAULT_TOLERANCE_S,
+) -> ConvertSummary:
+    """Convert a LeRobot dataset (v3.0 or v2.1) at ``source`` into shards at ``dest``.
+
+    Reruns resume: only missing or broken episodes are converted. ``overwrite`` deletes
+    ``dest`` first; without it, a destination holding another conversion is refused.
+    ``workers`` defaults to the CPU count; 0 or 1 converts in this process (also forced for
+    ``memory://`` paths, whose contents live in one process).
+    """
+    started = time.perf_counter()
+    src = open_source(source, storage_options)
+    fs, root = fsspec.core.url_to_fs(str(dest), **(dest_storage_options or {}))
+    root = root.rstrip("/") or "/"
+    selected = _select(src, episodes)
+    options = _options(src, selected)
+    _prepare_dest(fs, root, str(dest), src, options, overwrite)
+
+    done = _finished_records(fs, root, selected)
+    todo = [i for i in selected if i not in done]
+    n_workers = (os.cpu_count() or 1) if workers is None else max(0, int(workers))
+    if "memory" in _protocols(fs) or "memory" in _protocols(src.fs):
+        n_workers = 0
+    job = _JobArgs(source, storage_options, str(dest), dest_storage_options, tolerance_s)
+    written = 0
+    with tqdm(
+        total=len(selected),
+        initial=len(selected) - len(todo),
+        unit="ep",
+        desc="convert",
+        disable=not progress,
+        smoothing=0.1,
+    ) as bar:
+        run_started = time.perf_counter()
+        for row in _run(job, src, todo, n_workers):
+            done[row.episode_index] = row
+            written += row.size
+            bar.update(1)
+            elapsed = time.perf_counter() - run_started
+            bar.set_postfix_str(f"{written / 1e6 / max(elapsed, 1e-9):.1f} MB/s", refresh=False)
+
+    rows = [done[i] for i in selected]
+    _write_dataset_files(fs, root, src, rows)
+    return ConvertSummary(
+        dest=str(dest),
+        episodes=len(rows),
+        converted=len(todo),
+        frames=sum(r.length for r in rows),
+        bytes=sum(r.size for r in rows),
+        written_bytes=written,
+        seconds=time.perf_counter() - started,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# options and the destination's state
+# --------------------------------------------------------------------------------------------
+
+
+def _select(src: Source, episodes: Iterable[int] | None) -> list[int]:
+    if episodes is None:
+        return [ep.episode_index for ep in src.episodes]
+    selected = sorted({int(i) for i in episodes})
+    for i in selected:
+        src.episode(i)  # SourceError naming the episode if it does not exist
+    if not selected:
+        raise ConvertError(f"{src.root}: no episodes selected")
+    return selected
+
+
+def _options(src: Source, selected: list[int]) -> dict:
+    """What makes two conversions the same: the source's info.json, the episodes, the format."""
+    info = hashlib.sha256(json.dumps(src.info, sort_keys=True).encode()).hexdigest()[:16]
+    picked = hashlib.sha256(json.dumps(selected).encode()).hexdigest()[:16]
+    return {
+        "format_version": FORMAT_VERSION,
+        "source_info": info,
+        "episodes": picked,
+        "episode_count": len(selected),
+        "source_episode_count": len(src.episodes),
+    }
+
+
+def _prepare_dest(
+    fs: fsspec.AbstractFileSystem, root: str, dest: str, src: Source, options: dict, overwrite: bool
+) -> None:
+    src_root = src.path("").rstrip("/")
+    if type(fs) is type(src.fs) and posixpath.normpath(root) == posixpath.normpath(src_root):
+        raise ConvertError(f"{dest}: the destination is the source itself")
+    options_path = join(root, OPTIONS_FILE)
+    if overwrite and fs.exists(root):
+        fs.rm(root, recursive=True)
+    elif fs.exists(options_path):
+        with fs.open(options_path, "rb") as f:
+            previous = json.load(f)
+        if previous != options:
+            raise ConvertError(
+                f"{dest}: holds a conversion with different options "
+                f"(recorded {previous}, now {options}); pass --overwrite to start afresh"
+            )
+        _remove_stale_temp_files(fs, root)
+        return
+    elif fs.exists(root) and (fs.isfile(root) or fs.ls(root, detail=False)):
+        raise ConvertError(
+            f"{dest}: exists and is not a lerobot-shards conversion; "
+            "pass --overwrite to replace it, or choose an empty destination"
+        )
+    fs.makedirs(join(root, STATE_DIR), exist_ok=True)
+    with fs.open(options_path, "wb") as f:
+        f.write(json.dumps(options, indent=2, sort_keys=True).encode())
+
+
+def _remove_stale_temp_files(fs: fsspec.AbstractFileSystem, root: str) -> None:
+    """Temporary tars an interrupted run left behind (local destinations only have them)."""
+    shards = join(root, SHARDS_DIR)
+    if isinstance(fs, LocalFileSystem) and fs.exists(shards):
+        for path in fs.find(shards):
+            if path.endswith(TMP_SUFFIX):
+                fs.rm_file(path)
+
+
+def _record_path(root: str, episode_index: int) -> str:
+    chunk = episode_index // EPISODES_PER_SHARD_DIR
+    return join(root, f"{DONE_DIR}/{chunk:03d}/{episode_key(episode_index)}.json")
+
+
+def _finished_records(
+    fs: fsspec.AbstractFileSystem, root: str, selected: list[int]
+) -> dict[int, ManifestRow]:
+    """Rows of the episodes already done: a record exists and its shard has the recorded size."""
+    done_dir = join(root, DONE_DIR)
+    shards_dir = join(root, SHARDS_DIR)
+    if not fs.exists(done_dir) or not fs.exists(shards_dir):
+        return {}
+    records = set(fs.find(done_dir))
+    sizes = {
+        posixpath.relpath(path, root): info["size"]
+        for path, info in fs.find(shards_dir, detail=True).items()
+    }
+    done = {}
+    for i in selected:
+        path = _record_path(root, i)
+        if path not in records:
+            continue
+        with fs.open(path, "rb") as f:
+            try:
+                row = _row_from_json(f.read())
+            except (ValueError, TypeError, KeyError):
+                continue
+        if row.episode_index == i and sizes.get(row.shard) == row.size:
+            done[i] = row
+    return done
+
+
+def _row_to_json(row: ManifestRow) -> bytes:
+    return json.dumps(asdict(row)).encode()
+
+
+def _row_from_json(data: bytes) -> ManifestRow:
+    raw = json.loads(data)
+    raw["members"] = [Member(**m) for m in raw["members"]]
+    return ManifestRow(**raw)
+
+
+def _protocols(fs: fsspec.AbstractFileSystem) -> tuple[str, ...]:
+    return (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
+
+
+# --------------------------------------------------------------------------------------------
+# converting episodes
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _JobArgs:
+    """What a worker process needs to open the source and the destination itself."""
+
+    source: str
+    storage_options: dict | None
+    dest: str
+    dest_storage_options: dict | None
+    tolerance_s: float
+
+
+class _Job:
+    def __init__(self, args: _JobArgs, src: Source | None = None) -> None:
+        self.args = args
+        self.src = src or open_source(args.source, args.storage_options)
+        self.fs, root = fsspec.core.url_to_fs(args.dest, **(args.dest_storage_options or {}))
+        self.root = root.rstrip("/") or "/"
+
+    def __call__(self, episode_index: int) -> ManifestRow:
+        row = write_episode_shard(
+            self.src, episode_index, self.fs, self.root, self.args.tolerance_s
+        )
+        record = _record_path(self.root, episode_index)
+        self.fs.makedirs(posixpath.dirname(record), exist_ok=True)
+        with self.fs.open(record, "wb") as f:
+            f.write(_row_to_json(row))
+        return row
+
+
+_WORKER_JOB: _Job | None = None
+
+
+def _init_worker(args: _JobArgs) -> None:
+    global _WORKER_JOB
+    _WORKER_JOB = _Job(args)
+
+
+def _work(episode_index: int) -> ManifestRow:
+    assert _WORKER_JOB is not None, "worker not initialised"
+    return _WORKER_JOB(episode_index)
+
+
+def _run(args: _JobArgs, src: Source, todo: list[int], workers: int) -> Iterator[ManifestRow]:
+    """Convert the episodes, yielding rows as they finish; the first failure stops the run."""
+    if not todo:
+        return
+    if workers <= 1:
+        job = _Job(args, src)
+        for i in todo:
+            yield _checked(job, i)
+        return
+    # spawn: workers open their own files and filesystems (fork would share open connections).
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(
+        max_workers=min(workers, len(todo)),
+        mp_context=ctx,
+        initializer=_init_worker,
+        initargs=(args,),
+    ) as pool:
+        pending: dict[Future, int] = {}
+        queue = iter(todo)
+        try:
+            while True:
+                # Bounded in flight: memory stays flat whatever the number of episodes.
+                while len(pending) < 2 * workers and (i := next(queue, None)) is not None:
+                    pending[pool.submit(_work, i)] = i
+                if not pending:
+                    break
+                finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for fut in finished:
+                    i = pending.pop(fut)
+                    exc = fut.exception()
+                    if exc is not None:
+                        raise ConvertError(f"episode {i}: {exc}") from exc
+                    yield fut.result()
+        finally:
+            for fut in pending:
+                fut.cancel()
+
+
+def _checked(job: _Job, episode_index: int) -> ManifestRow:
+    try:
+        return job(episode_index)
+    except Exception as exc:
+        raise ConvertError(f"episode {episode_index}: {exc}") from exc
+
+
+# --------------------------------------------------------------------------------------------
+# dataset-level files
+# --------------------------------------------------------------------------------------------
+
+
+def _write_dataset_files(
+    fs: fsspec.AbstractFileSystem, root: str, src: Source, rows: list[ManifestRow]
+) -> None:
+    """meta/, manifest.parquet, then index.json (last: its presence marks a finished dataset)."""
+    index_path = join(root, INDEX_FILE)
+    if fs.exists(index_path):
+        fs.rm_file(index_path)
+    fs.makedirs(join(root, "meta"), exist_ok=True)
+    _put(fs, join(root, INFO_FILE), _read(src, INFO_FILE))
+    if src.exists(STATS_FILE):
+        _put(fs, join(root, STATS_FILE), _read(src, STATS_FILE))
+    elif src.stats is not None:
+        _put(fs, join(root, STATS_FILE), json.dumps(src.stats, indent=4).encode())
+    if src.exists(TASKS_FILE):
+        _put(fs, join(root, TASKS_FILE), _read(src, TASKS_FILE))
+    else:
+        _put(fs, join(root, TASKS_FILE), tasks_parquet(src.tasks))
+    manifest_path = join(root, MANIFEST_FILE)
+    write_manifest(fs, manifest_path, rows)
+    with fs.open(manifest_path, "rb") as f:
+        manifest_checksum = checksum(f.read())
+    index = DatasetIndex(
+        codebase_version=src.codebase_version,
+        fps=src.fps,
+        features=src.features,
+        total_episodes=len(rows),
+        total_frames=sum(r.length for r in rows),
+        total_bytes=sum(r.size for r in rows),
+        writer_version=__version__,
+        camera_keys=list(src.camera_keys),
+        video_keys=list(src.video_keys),
+        manifest_checksum=manifest_checksum,
+    )
+    _put(fs, index_path, index.to_json())
+
+
+def tasks_parquet(tasks: list[str]) -> bytes:
+    """v3.0's ``meta/tasks.parquet`` layout: ``task_index`` and ``task``, the task as the
+    pandas index (LeRobot reads it with pandas)."""
+    pandas_meta = {
+        "index_columns": ["task"],
+        "column_indexes": [],
+        "columns": [
+            {"name": "task_index", "field_name": "task_index", "pandas_type": "int64",
+             "numpy_type": "int64", "metadata": None},
+            {"name": "task", "field_name": "task", "pandas_type": "unicode",
+             "numpy_type": "object", "metadata": None},
+        ],
+    }  # fmt: skip
+    schema = pa.schema([("task_index", pa.int64()), ("task", pa.string())]).with_metadata(
+        {"pandas": json.dumps(pandas_meta)}
+    )
+    table = pa.table({"task_index": list(range(len(tasks))), "task": tasks}, schema=schema)
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    return sink.getvalue().to_pybytes()
+
+
+def _read(src: Source, relative: str) -> bytes:
+    with src.open(relative, "rb") as f:
+        return f.read()
+
+
+def _put(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
+    with fs.open(path, "wb") as f:
+        f.write(data)
