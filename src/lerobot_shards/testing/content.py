@@ -91,7 +91,7 @@ def _texture(height: int, width: int, seed: int) -> np.ndarray:
     y = np.linspace(0.0, 1.0, h, dtype=np.float32)[:, None]
     x = np.linspace(0.0, 1.0, w, dtype=np.float32)[None, :]
     light = np.zeros((h, w), dtype=np.float32)
-    for low, high, amplitude in ((0.5, 3.0, 0.08), (20.0, 60.0, 0.015)):
+    for low, high, amplitude in ((0.5, 3.0, 0.08), (20.0, 60.0, 0.03)):
         for _ in range(3):
             fy, fx = rng.uniform(low, high, size=2)
             phase = rng.uniform(0.0, 2 * np.pi)
@@ -101,6 +101,18 @@ def _texture(height: int, width: int, seed: int) -> np.ndarray:
     table_tint = np.array([0.55, 0.40, 0.28], dtype=np.float32)
     tint = wall_tint * (1.0 - table)[..., None] + table_tint * table[..., None]
     scene = (0.85 + light)[..., None] * tint
+    # Clutter: boxes with hard edges and a dark outline, some striped like printed packaging.
+    for _ in range(14):
+        bh, bw = (rng.uniform(0.04, 0.16, size=2) * (h, w)).astype(int) + 4
+        top, left = rng.integers(0, h - bh), rng.integers(0, w - bw)
+        colour = rng.uniform(0.15, 0.9, size=3).astype(np.float32)
+        box = scene[top : top + bh, left : left + bw]
+        box[...] = 0.25 * colour
+        inner = box[2:-2, 2:-2]
+        inner[...] = colour
+        if rng.random() < 0.5:
+            period = int(rng.integers(3, 9))
+            inner[:, (np.arange(inner.shape[1]) // period) % 2 == 1] *= 0.7
     return (np.clip(scene, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
 
 
