@@ -1,0 +1,225 @@
+"""Episode byte spans from any fsspec filesystem: verified, retried, prefetched within a budget.
+
+One ranged read per episode (the manifest's ``offset`` and ``size`` inside its shard), checked
+against the manifest checksum. Object stores fail transiently (resets, 5xx, short bodies), so a
+read is retried with exponential backoff before it becomes an error that names the shard and
+the episode; a checksum mismatch is retried once (a torn read looks like corruption) and then
+reported as corruption.
+
+:class:`Prefetcher` runs the loading of the next admissions of a plan (fetch and decode) in a
+small thread pool while the consumer draws from the resident episodes, so the stream rarely
+waits on I/O, and keeps what is resident plus in flight within the byte budget.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable, Hashable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Generic, NamedTuple, TypeVar
+
+import fsspec
+
+from lerobot_shards.format import FormatError, checksum
+
+E = TypeVar("E")
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+_END = object()
+
+# Errors that say the path is wrong, not that the network hiccupped: retrying cannot help.
+_PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
+# Client libraries under fsspec backends whose errors are network trouble (checked by module
+# name so none of them has to be installed).
+_TRANSIENT_MODULES = ("aiohttp", "botocore", "aiobotocore", "urllib3", "requests", "http")
+
+
+class FetchError(OSError):
+    """An episode's bytes could not be read, even after retries."""
+
+
+class ChecksumError(FormatError):
+    """An episode's bytes do not match the manifest checksum: the shard is corrupt."""
+
+
+class Span(NamedTuple):
+    """Where an episode's bytes are and what they must hash to."""
+
+    episode: int
+    path: str
+    """Full path or URL of the shard, for the filesystem."""
+    offset: int
+    size: int
+    checksum: str
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether a failed read is worth retrying (network and server trouble, short reads)."""
+    if isinstance(exc, _PERMANENT):
+        return False
+    if isinstance(exc, OSError | TimeoutError | asyncio.TimeoutError):
+        return True
+    if isinstance(exc, fsspec.exceptions.FSTimeoutError):
+        return True
+    return type(exc).__module__.split(".")[0] in _TRANSIENT_MODULES
+
+
+def read_span(
+    fs: fsspec.AbstractFileSystem,
+    span: Span,
+    *,
+    retries: int = 5,
+    backoff_s: float = 0.05,
+    max_backoff_s: float = 5.0,
+) -> bytes:
+    """Read and verify one episode's bytes with a single ranged read (plus retries).
+
+    Transient errors are retried ``retries`` times, sleeping ``backoff_s * 2**attempt`` (capped)
+    in between; a checksum mismatch is retried once. Errors name the shard and the episode.
+    """
+    where = f"{span.path} (episode {span.episode})"
+    attempt = 0
+    mismatches = 0
+    while True:
+        try:
+            data = fs.cat_file(span.path, start=span.offset, end=span.offset + span.size)
+            if len(data) != span.size:
+                raise FetchError(
+                    f"{where}: short read, {len(data)} of {span.size} bytes at offset {span.offset}"
+                )
+        except Exception as exc:
+            if not is_transient(exc):
+                raise FetchError(f"{where}: cannot read the episode's bytes: {exc!r}") from exc
+            if attempt >= retries:
+                raise FetchError(
+                    f"{where}: reading bytes {span.offset}..{span.offset + span.size} failed "
+                    f"{attempt + 1} times, last error: {exc!r}"
+                ) from exc
+            time.sleep(min(max_backoff_s, backoff_s * 2**attempt))
+            attempt += 1
+            continue
+        got = checksum(data)
+        if got == span.checksum:
+            return data
+        if mismatches >= 1:
+            raise ChecksumError(
+                f"{where}: checksum mismatch, the manifest says {span.checksum} but the "
+                f"{span.size} bytes at offset {span.offset} hash to {got}: the shard is corrupt"
+            )
+        mismatches += 1
+
+
+ADMIT = "admit"
+EVICT = "evict"
+
+
+class Prefetcher(Generic[K, V]):
+    """Load the pieces a plan admits, ahead of time, in a thread pool, within a byte budget.
+
+    ``load(key)`` does the work (fetch and decode); ``size(key)`` is what the piece costs
+    against ``byte_budget``. :meth:`run` walks a plan's events, looks ahead for the next
+    ``depth`` admissions and starts loading each while resident plus in-flight bytes stay within
+    the budget. Loads start in admission order and stop at the first that does not fit, so the
+    next admission the plan makes always fits once the plan's own evictions are done: the
+    lookahead never deadlocks and never exceeds the budget.
+    """
+
+    def __init__(
+        self,
+        load: Callable[[K], V],
+        size: Callable[[K], int],
+        *,
+        byte_budget: int | None = None,
+        depth: int = 2,
+        threads: int = 2,
+        lookahead_events: int = 1 << 16,
+    ) -> None:
+        self._load = load
+        self._size = size
+        self._budget = byte_budget
+        self._depth = max(0, depth)
+        self._threads = max(1, threads)
+        self._max_events = lookahead_events
+        self._futures: dict[K, Future[V]] = {}
+        self.resident_bytes = 0
+        """Bytes of pieces the plan has admitted and not yet evicted."""
+        self.in_flight_bytes = 0
+        """Bytes of pieces loading (or loaded) ahead of their admission."""
+        self.peak_bytes = 0
+        """Most resident plus in-flight bytes seen."""
+
+    def run(
+        self, events: Iterable[E], role: Callable[[E], tuple[str | None, K]]
+    ) -> Iterator[tuple[E, V | None]]:
+        """Yield ``(event, loaded value if it is an admission else None)`` in plan order.
+
+        ``role(event)`` is ``(ADMIT, key)``, ``(EVICT, key)`` or ``(None, key)`` for a draw.
+        """
+        pool = ThreadPoolExecutor(self._threads, thread_name_prefix="lerobot-shards-fetch")
+        window: deque[tuple[E, str | None, K]] = deque()
+        upcoming: deque[K] = deque()  # keys of the admissions in the window, in order
+        source = iter(events)
+        exhausted = False
+        try:
+            while True:
+                while not exhausted and len(upcoming) <= self._depth:
+                    if len(window) >= self._max_events:
+                        break
+                    event = next(source, _END)
+                    if event is _END:
+                        exhausted = True
+                        break
+                    kind, key = role(event)
+                    window.append((event, kind, key))
+                    if kind == ADMIT:
+                        upcoming.append(key)
+                if not window:
+                    return
+                event, kind, key = window.popleft()
+                if kind == ADMIT:
+                    upcoming.popleft()
+                    future = self._admit(pool, key)
+                    self._schedule(pool, upcoming)  # the next ones load while this one finishes
+                    yield event, future.result()
+                else:
+                    if kind == EVICT:
+                        self.resident_bytes -= self._size(key)
+                    self._schedule(pool, upcoming)
+                    yield event, None
+        finally:
+            for future in self._futures.values():
+                future.cancel()
+            self._futures.clear()
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def _schedule(self, pool: ThreadPoolExecutor, upcoming: deque[K]) -> None:
+        for n, key in enumerate(upcoming):
+            if n >= self._depth:
+                return
+            if key in self._futures:
+                continue
+            size = self._size(key)
+            if self._budget is not None and (
+                self.resident_bytes + self.in_flight_bytes + size > self._budget
+            ):
+                return
+            self._futures[key] = pool.submit(self._load, key)
+            self.in_flight_bytes += size
+            self._note_peak()
+
+    def _admit(self, pool: ThreadPoolExecutor, key: K) -> Future[V]:
+        """The admitted piece's load: prefetched, or started now (it fits: the plan says so)."""
+        size = self._size(key)
+        future = self._futures.pop(key, None)
+        if future is None:
+            future = pool.submit(self._load, key)
+        else:
+            self.in_flight_bytes -= size
+        self.resident_bytes += size
+        self._note_peak()
+        return future
+
+    def _note_peak(self) -> None:
+        self.peak_bytes = max(self.peak_bytes, self.resident_bytes + self.in_flight_bytes)

@@ -1,0 +1,249 @@
+"""fetch.py: verified ranged reads with retries, and the prefetcher's budget and order."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import NamedTuple
+
+import fsspec
+import pytest
+from fsspec.implementations.memory import MemoryFileSystem
+
+from lerobot_shards.format import checksum
+from lerobot_shards.reader.fetch import (
+    ADMIT,
+    EVICT,
+    ChecksumError,
+    FetchError,
+    Prefetcher,
+    Span,
+    read_span,
+)
+
+PAYLOAD = bytes(range(256)) * 40  # 10240 bytes
+
+
+class FlakyMemoryFS(MemoryFileSystem):
+    """The real in-memory filesystem, with a script of failures for the next reads.
+
+    Each entry of ``script`` is applied to one ``cat_file`` call, in order: an exception to
+    raise, ``"short"`` to return half the bytes, ``"flip"`` to return the bytes with one bit
+    changed (a torn read). When the script runs out, reads are normal.
+    """
+
+    protocol = "flakymem"
+    cachable = False
+
+    def __init__(self, script=(), **kw):
+        super().__init__(**kw)
+        self.script = list(script)
+        self.calls: list[tuple[str, int, int]] = []
+
+    def cat_file(self, path, start=None, end=None, **kw):
+        self.calls.append((path, start, end))
+        data = super().cat_file(path, start=start, end=end, **kw)
+        if not self.script:
+            return data
+        step = self.script.pop(0)
+        if isinstance(step, BaseException):
+            raise step
+        if step == "short":
+            return data[: len(data) // 2]
+        if step == "flip":
+            return bytes([data[0] ^ 1]) + data[1:]
+        return data
+
+
+def _span(path="/shards/000/episode-000003.tar", offset=1024, size=4096) -> Span:
+    return Span(3, path, offset, size, checksum(PAYLOAD[offset : offset + size]))
+
+
+def _fs(*script) -> FlakyMemoryFS:
+    fs = FlakyMemoryFS(script)
+    fs.pipe_file("/shards/000/episode-000003.tar", PAYLOAD)
+    return fs
+
+
+def test_one_ranged_read_of_exactly_the_span(tmp_path):
+    path = tmp_path / "shard.tar"
+    path.write_bytes(PAYLOAD)
+    span = _span(str(path), offset=100, size=5000)
+    assert read_span(fsspec.filesystem("file"), span) == PAYLOAD[100:5100]
+    fs = _fs()
+    assert read_span(fs, _span()) == PAYLOAD[1024:5120]
+    assert fs.calls == [("/shards/000/episode-000003.tar", 1024, 5120)]
+
+
+@pytest.mark.parametrize(
+    "script",
+    [
+        [ConnectionResetError("reset by peer"), TimeoutError("slow"), "short"],
+        [fsspec.exceptions.FSTimeoutError(), OSError(5, "EIO")],
+    ],
+)
+def test_transient_errors_are_retried(script):
+    fs = _fs(*script)
+    assert read_span(fs, _span(), backoff_s=0.001) == PAYLOAD[1024:5120]
+    assert len(fs.calls) == len(script) + 1
+
+
+def test_backoff_grows_exponentially():
+    fs = _fs(*[ConnectionResetError()] * 3)
+    began = time.perf_counter()
+    read_span(fs, _span(), backoff_s=0.02)
+    assert time.perf_counter() - began >= 0.02 + 0.04 + 0.08
+
+
+def test_persistent_failure_names_shard_and_episode():
+    fs = _fs(*[ConnectionResetError("reset by peer")] * 10)
+    with pytest.raises(FetchError, match=r"episode-000003\.tar \(episode 3\).*failed 4 times"):
+        read_span(fs, _span(), retries=3, backoff_s=0.001)
+    assert len(fs.calls) == 4
+
+
+def test_missing_shard_is_not_retried():
+    fs = _fs()
+    with pytest.raises(FetchError, match=r"nope\.tar \(episode 3\).*FileNotFoundError"):
+        read_span(fs, _span("/shards/nope.tar"), backoff_s=0.001)
+    assert len(fs.calls) == 1
+
+
+def test_torn_read_is_retried_once():
+    fs = _fs("flip")
+    assert read_span(fs, _span()) == PAYLOAD[1024:5120]
+    assert len(fs.calls) == 2
+
+
+def test_checksum_mismatch_is_corruption():
+    fs = _fs("flip", "flip", "flip")
+    with pytest.raises(
+        ChecksumError, match=r"episode-000003\.tar \(episode 3\): checksum mismatch"
+    ):
+        read_span(fs, _span())
+    assert len(fs.calls) == 2
+
+
+# ------------------------------------------------------------------------------ prefetcher
+
+
+class Ev(NamedTuple):
+    kind: str | None
+    key: int
+
+
+def _role(event: Ev):
+    return event.kind, event.key
+
+
+def _plan(admits: list[int], draws_between: int = 3) -> list[Ev]:
+    """Admit two, then alternately draw, evict the oldest and admit the next."""
+    events = [Ev(ADMIT, admits[0]), Ev(ADMIT, admits[1])]
+    resident = [admits[0], admits[1]]
+    for key in admits[2:]:
+        events += [Ev(None, -1)] * draws_between
+        events.append(Ev(EVICT, resident.pop(0)))
+        events.append(Ev(ADMIT, key))
+        resident.append(key)
+    events += [Ev(None, -1)] * draws_between
+    events += [Ev(EVICT, k) for k in resident]
+    return events
+
+
+def test_prefetch_order_values_and_budget():
+    sizes = {k: 10 + k for k in range(8)}
+    plan = _plan(list(range(8)))
+    seen_budget: list[int] = []
+    lock = threading.Lock()
+    prefetcher: Prefetcher
+
+    def load(key: int) -> str:
+        with lock:
+            seen_budget.append(prefetcher.resident_bytes + prefetcher.in_flight_bytes)
+        return f"episode {key}"
+
+    budget = 2 * 17 + 16  # two residents and one more in flight at most
+    prefetcher = Prefetcher(load, sizes.__getitem__, byte_budget=budget, depth=3, threads=2)
+    out = list(prefetcher.run(plan, _role))
+    assert [e for e, _ in out] == plan
+    assert [v for e, v in out if e.kind == ADMIT] == [f"episode {k}" for k in range(8)]
+    assert all(v is None for e, v in out if e.kind != ADMIT)
+    assert max(seen_budget) <= budget and prefetcher.peak_bytes <= budget
+    assert prefetcher.resident_bytes == 0 and prefetcher.in_flight_bytes == 0
+
+
+def test_prefetch_runs_ahead_of_admission():
+    """Loads of the next admissions start while the consumer still draws from earlier ones."""
+    started: list[int] = []
+    plan = _plan(list(range(6)), draws_between=5)
+    prefetcher = Prefetcher(started.append, lambda k: 1, depth=2, threads=1)
+    in_flight_at = []
+    for event, _ in prefetcher.run(plan, _role):
+        in_flight_at.append(prefetcher.in_flight_bytes)
+        if event == Ev(ADMIT, 1):
+            # Admissions 2 and 3 are five draws and an eviction away, and already loading.
+            assert prefetcher.in_flight_bytes == 2 and prefetcher.resident_bytes == 2
+    assert started == list(range(6))
+    assert max(in_flight_at) == 2
+    assert prefetcher.peak_bytes == 4  # two resident plus two prefetched
+
+
+def test_prefetch_error_surfaces_at_its_admission_and_stops_the_pool():
+    def load(key: int) -> int:
+        if key == 3:
+            raise ChecksumError("shard-3 (episode 3): checksum mismatch")
+        return key
+
+    prefetcher = Prefetcher(load, lambda k: 1, depth=4, threads=2)
+    admitted = []
+    with pytest.raises(ChecksumError, match=r"episode 3"):
+        for event, value in prefetcher.run(_plan(list(range(6))), _role):
+            if event.kind == ADMIT:
+                admitted.append(value)
+    assert admitted == [0, 1, 2]
+    assert not [t for t in threading.enumerate() if t.name.startswith("lerobot-shards-fetch")]
+
+
+def test_prefetch_closed_early_leaves_no_thread():
+    gen: Iterator = Prefetcher(lambda k: k, lambda k: 1, depth=3).run(_plan(list(range(6))), _role)
+    next(gen)
+    gen.close()
+    assert not [t for t in threading.enumerate() if t.name.startswith("lerobot-shards-fetch")]
+
+
+# ------------------------------------------------------------------------------ object store
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    from support.s3 import isolated_aws_env, running_s3_server
+
+    with pytest.MonkeyPatch.context() as mp, running_s3_server() as server:
+        for name, value in isolated_aws_env(
+            server.endpoint_url, tmp_path_factory.mktemp("aws")
+        ).items():
+            if value is None:
+                mp.delenv(name, raising=False)
+            else:
+                mp.setenv(name, value)
+        yield server
+
+
+def test_s3_ranged_reads_through_faults(s3):
+    bucket = s3.new_bucket()
+    s3.filesystem(direct=True).pipe_file(f"{bucket}/shards/000/episode-000003.tar", PAYLOAD)
+    fs = s3.filesystem()
+    span = _span(f"{bucket}/shards/000/episode-000003.tar")
+    s3.proxy.clear()
+    assert read_span(fs, span) == PAYLOAD[1024:5120]
+    gets = s3.proxy.requests("GET", path_contains="episode-000003")
+    assert [(r.range, r.body_bytes) for r in gets] == [("bytes=1024-5119", 4096)]
+
+    s3.proxy.set_faults(0.5, seed=1, methods=["GET"])
+    try:
+        for _ in range(5):
+            assert read_span(fs, span, backoff_s=0.001) == PAYLOAD[1024:5120]
+    finally:
+        s3.proxy.set_faults(0.0)
+    assert any(r.fault for r in s3.proxy.requests("GET"))
