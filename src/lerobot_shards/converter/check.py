@@ -111,7 +111,7 @@ def format_inspection(summary: dict[str, Any]) -> str:
 def _percentiles(values: np.ndarray) -> dict[str, int]:
     if len(values) == 0:
         return {}
-    return {f"p{p}": int(np.percentile(values, p, method="nearest")) for p in PERCENTILES}
+    return {f"p{p}": int(np.percentile(values, p, method="inverted_cdf")) for p in PERCENTILES}
 
 
 def _read_header(fs: fsspec.AbstractFileSystem, root: str, row: ManifestRow) -> EpisodeHeader:
