@@ -9,6 +9,7 @@ from pathlib import Path
 import av
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from PIL import Image
@@ -262,6 +263,22 @@ def test_v21_layout_and_content_match_v30(v21, v30):
             own = _packets(v21 / f"videos/chunk-000/{key}/episode_{i:06d}.mp4")
             stream_copied = concatenated[before : before + ep["length"]]
             assert [data for _, data in own] == [data for _, data in stream_copied], (key, i)
+
+
+def test_v21_image_rows_equal_golden_recording(tmp_path):
+    root = make_dataset(tmp_path / "ds", version="v2.1", video=False)
+    info = _info(root)
+    assert (info["video_path"], info["total_videos"]) == (None, 0)
+    assert [info["features"][key]["dtype"] for key in CAMERAS] == ["image", "image"]
+    assert not (root / "videos").exists()
+    rows = pa.concat_tables(
+        pq.read_table(root / f"data/chunk-000/episode_{i:06d}.parquet").replace_schema_metadata(
+            None
+        )
+        for i in range(6)
+    )
+    gold = pq.read_table(GOLDEN / "image/data/chunk-000/file-000.parquet")
+    assert rows.equals(gold.replace_schema_metadata(None))
 
 
 def test_realistic_content_is_smooth_moving_and_decodable(tmp_path):

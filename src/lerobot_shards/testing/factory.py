@@ -30,6 +30,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -93,79 +94,79 @@ def make_dataset(
     ``frame_content(episode, frame, height, width, content, seed)``; ``observation.state`` is
     ``state_value(episode, frame)`` and ``action`` is that minus 0.25.
     """
-    spec = _Spec.build(
-        root,
+    root = Path(root)
+    if root.exists() and (not root.is_dir() or any(root.iterdir())):
+        raise FileExistsError(f"{root}: refusing to write a dataset into a non-empty path")
+    if version not in ("v3.0", "v2.1"):
+        raise ValueError(f"unknown LeRobot version {version!r}; expected v3.0 or v2.1")
+    if content not in CONTENTS:
+        raise ValueError(f"unknown frame content {content!r}; expected one of {CONTENTS}")
+    lengths = [int(n) for n in episode_lengths]
+    if not lengths or min(lengths) < 1:
+        raise ValueError(f"episode_lengths must be non-empty and positive, got {lengths}")
+    sizes = {key: (int(h), int(w)) for key, (h, w) in cameras.items()}
+    for key, (h, w) in sizes.items():
+        if video and (h < 8 or w < 8 or h % 2 or w % 2):
+            raise ValueError(f"camera {key}: video needs even sizes of at least 8, got {h}x{w}")
+    tasks = list(tasks) if tasks is not None else default_tasks(len(lengths))
+    if len(tasks) != len(lengths):
+        raise ValueError(f"{len(tasks)} tasks given for {len(lengths)} episodes")
+    task_index: dict[str, int] = {}
+    for task in tasks:
+        task_index.setdefault(task, len(task_index))  # numbered in order of first use
+    spec = _Spec(
+        root=root,
         version=version,
-        episode_lengths=episode_lengths,
-        cameras=cameras,
-        video=video,
-        fps=fps,
+        lengths=lengths,
+        starts=[0, *np.cumsum(lengths).tolist()],
+        cameras=sizes,
+        video=bool(video),
+        fps=int(fps),
         tasks=tasks,
-        data_files_size_in_mb=data_files_size_in_mb,
-        video_files_size_in_mb=video_files_size_in_mb,
-        chunks_size=chunks_size,
+        task_index=task_index,
+        data_mb=float(data_files_size_in_mb),
+        video_mb=float(video_files_size_in_mb),
+        chunks_size=int(chunks_size),
         content=content,
-        seed=seed,
+        seed=int(seed),
     )
-    spec.root.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=spec.root, prefix=".factory-") as scratch:
+    root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=root, prefix=".factory-") as scratch:
         if version == "v3.0":
             _write_v30(spec, Path(scratch))
         else:
             _write_v21(spec)
-    return spec.root
+    return root
 
 
+@dataclass(frozen=True)
 class _Spec:
-    """Validated arguments plus what follows from them (features, task indices)."""
+    """Validated arguments plus what follows from them."""
 
-    def __init__(self, **kw: Any) -> None:
-        self.__dict__.update(kw)
+    root: Path
+    version: str
+    lengths: list[int]
+    starts: list[int]
+    """Global index of each episode's first frame, then the total frame count."""
+    cameras: dict[str, tuple[int, int]]
+    video: bool
+    fps: int
+    tasks: list[str]
+    """Task of each episode."""
+    task_index: dict[str, int]
+    data_mb: float
+    video_mb: float
+    chunks_size: int
+    content: str
+    seed: int
 
-    @classmethod
-    def build(cls, root: str | os.PathLike, **kw: Any) -> _Spec:
-        root = Path(root)
-        if root.exists() and (not root.is_dir() or any(root.iterdir())):
-            raise FileExistsError(f"{root}: refusing to write a dataset into a non-empty path")
-        if kw["version"] not in ("v3.0", "v2.1"):
-            raise ValueError(f"unknown LeRobot version {kw['version']!r}; expected v3.0 or v2.1")
-        if kw["content"] not in CONTENTS:
-            raise ValueError(f"unknown frame content {kw['content']!r}; expected one of {CONTENTS}")
-        lengths = [int(n) for n in kw["episode_lengths"]]
-        if not lengths or min(lengths) < 1:
-            raise ValueError(f"episode_lengths must be non-empty and positive, got {lengths}")
-        cameras = {key: (int(h), int(w)) for key, (h, w) in kw["cameras"].items()}
-        for key, (h, w) in cameras.items():
-            if kw["video"] and (h < 8 or w < 8 or h % 2 or w % 2):
-                raise ValueError(f"camera {key}: video needs even sizes of at least 8, got {h}x{w}")
-        tasks = list(kw["tasks"]) if kw["tasks"] is not None else default_tasks(len(lengths))
-        if len(tasks) != len(lengths):
-            raise ValueError(f"{len(tasks)} tasks given for {len(lengths)} episodes")
-        task_index: dict[str, int] = {}
-        for task in tasks:
-            task_index.setdefault(task, len(task_index))
-        starts = np.concatenate([[0], np.cumsum(lengths)]).astype(int).tolist()
-        return cls(
-            root=root,
-            version=kw["version"],
-            lengths=lengths,
-            starts=starts,
-            cameras=cameras,
-            video=bool(kw["video"]),
-            fps=int(kw["fps"]),
-            tasks=tasks,
-            task_index=task_index,
-            data_mb=float(kw["data_files_size_in_mb"]),
-            video_mb=float(kw["video_files_size_in_mb"]),
-            chunks_size=int(kw["chunks_size"]),
-            content=kw["content"],
-            seed=int(kw["seed"]),
-        )
-
-    def frames(self, episode: int, camera: str) -> Iterator[np.ndarray]:
+    def frames(self, episode: int, camera: str, sampler: st.Sampler) -> Iterator[np.ndarray]:
+        """The camera's frames for this episode, showing each to ``sampler`` for statistics."""
         height, width = self.cameras[camera]
         for frame in range(self.lengths[episode]):
-            yield frame_content(episode, frame, height, width, self.content, self.seed)
+            image = frame_content(episode, frame, height, width, self.content, self.seed)
+            sampler.see(frame, image)
+            yield image
 
 
 # ----------------------------------------------------------------------------- features, rows
@@ -215,7 +216,9 @@ def _png(image: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def _rows(spec: _Spec, episode: int, schema: pa.Schema) -> pa.Table:
+def _rows(
+    spec: _Spec, episode: int, schema: pa.Schema, samplers: Mapping[str, st.Sampler]
+) -> pa.Table:
     """The episode's rows: images (if any), state, action, timestamp and the index columns."""
     n = spec.lengths[episode]
     frames = np.arange(n)
@@ -224,7 +227,7 @@ def _rows(spec: _Spec, episode: int, schema: pa.Schema) -> pa.Table:
         for key in spec.cameras:
             columns[key] = [
                 {"bytes": _png(image), "path": f"frame-{i:06d}.png"}
-                for i, image in enumerate(spec.frames(episode, key))
+                for i, image in enumerate(spec.frames(episode, key, samplers[key]))
             ]
     state = np.stack([state_value(episode, f) for f in frames])
     action = np.stack([action_value(episode, f) for f in frames])
@@ -240,14 +243,14 @@ def _rows(spec: _Spec, episode: int, schema: pa.Schema) -> pa.Table:
 
 
 def _episode_stats(
-    spec: _Spec, episode: int, rows: pa.Table, sampled: Mapping[str, list[np.ndarray]]
+    spec: _Spec, rows: pa.Table, samplers: Mapping[str, st.Sampler]
 ) -> dict[str, st.Stats]:
     """Per-feature statistics of one episode, in feature order (v2.1 keeps no quantiles)."""
     quantiles = spec.version == "v3.0"
     out: dict[str, st.Stats] = {}
     for key, ft in _features(spec).items():
         if ft["dtype"] in ("video", "image"):
-            out[key] = st.image_stats(sampled[key], quantiles)
+            out[key] = st.image_stats(samplers[key].kept, quantiles)
         else:
             column = rows.column(key).combine_chunks()
             values = (
@@ -256,15 +259,6 @@ def _episode_stats(
                 else np.asarray(column)
             )
             out[key] = st.feature_stats(values, quantiles)
-    return out
-
-
-def _sampled_frames(spec: _Spec, episode: int) -> dict[str, list[np.ndarray]]:
-    """The frames LeRobot samples for camera statistics."""
-    picks = st.sample_indices(spec.lengths[episode])
-    out = {}
-    for key, (h, w) in spec.cameras.items():
-        out[key] = [frame_content(episode, int(i), h, w, spec.content, spec.seed) for i in picks]
     return out
 
 
@@ -451,8 +445,8 @@ def _flat_stats(stats: Mapping[str, st.Stats]) -> dict[str, list]:
     }
 
 
-def _encode(spec: _Spec, episode: int, key: str, path: Path) -> None:
-    vid.encode_episode(spec.frames(episode, key), path, spec.fps)
+def _samplers(spec: _Spec, episode: int) -> dict[str, st.Sampler]:
+    return {key: st.Sampler(spec.lengths[episode]) for key in spec.cameras}
 
 
 def _write_v30(spec: _Spec, scratch: Path) -> None:
@@ -468,13 +462,14 @@ def _write_v30(spec: _Spec, scratch: Path) -> None:
             "tasks": [spec.tasks[episode]],
             "length": spec.lengths[episode],
         }
-        rows = _rows(spec, episode, schema)
+        samplers = _samplers(spec, episode)
+        rows = _rows(spec, episode, schema, samplers)
         record.update(data.write(episode, rows))
         for key, files in videos.items():
             tmp = scratch / f"{key}_{episode:06d}.mp4"
-            _encode(spec, episode, key, tmp)
+            vid.encode_episode(spec.frames(episode, key, samplers[key]), tmp, spec.fps)
             record.update(files.add(tmp))
-        ep_stats = _episode_stats(spec, episode, rows, _sampled_frames(spec, episode))
+        ep_stats = _episode_stats(spec, rows, samplers)
         record.update(_flat_stats(ep_stats))
         episodes.add(record)
         total = (
@@ -574,7 +569,8 @@ def _write_v21(spec: _Spec) -> None:
         path = spec.root / V21_DATA_PATH.format(episode_chunk=chunk, episode_index=episode)
         path.parent.mkdir(parents=True, exist_ok=True)
         schema = _row_schema(spec, _fingerprint(spec, path.name))
-        rows = _rows(spec, episode, schema)
+        samplers = _samplers(spec, episode)
+        rows = _rows(spec, episode, schema, samplers)
         pq.write_table(rows, path, compression="snappy")
         if spec.video:
             for key in spec.cameras:
@@ -582,8 +578,8 @@ def _write_v21(spec: _Spec) -> None:
                     episode_chunk=chunk, video_key=key, episode_index=episode
                 )
                 mp4.parent.mkdir(parents=True, exist_ok=True)
-                _encode(spec, episode, key, mp4)
-        ep_stats = _episode_stats(spec, episode, rows, _sampled_frames(spec, episode))
+                vid.encode_episode(spec.frames(episode, key, samplers[key]), mp4, spec.fps)
+        ep_stats = _episode_stats(spec, rows, samplers)
         episodes_rows.append(
             {"episode_index": episode, "tasks": [spec.tasks[episode]], "length": len(rows)}
         )

@@ -24,6 +24,18 @@ def sample_indices(length: int) -> np.ndarray:
     return np.round(np.linspace(0, length - 1, num)).astype(int)
 
 
+class Sampler:
+    """Keeps, downsampled, the frames of one episode that camera statistics look at."""
+
+    def __init__(self, length: int) -> None:
+        self.picks = set(sample_indices(length).tolist())
+        self.kept: list[np.ndarray] = []
+
+    def see(self, frame: int, image: np.ndarray) -> None:
+        if frame in self.picks:
+            self.kept.append(downsample(image))
+
+
 def downsample(image: np.ndarray, target: int = 150, threshold: int = 300) -> np.ndarray:
     """Stride-subsample an HWC image whose larger side reaches ``threshold`` to about ``target``."""
     height, width = image.shape[:2]
@@ -52,7 +64,10 @@ def feature_stats(values: np.ndarray, quantiles: bool) -> Stats:
 
 
 def image_stats(images: Sequence[np.ndarray], quantiles: bool) -> Stats:
-    """Per-channel statistics, shape (3, 1, 1), of HWC uint8 frames scaled to [0, 1]."""
+    """Per-channel statistics, shape (3, 1, 1), of HWC uint8 frames scaled to [0, 1].
+
+    Large frames are downsampled first; frames a ``Sampler`` kept already are, and stay as they are.
+    """
     pixels = np.stack([downsample(image) for image in images]).astype(np.float64) / 255.0
     per_channel = pixels.reshape(-1, pixels.shape[-1])  # (N*H*W, C)
     out = {
