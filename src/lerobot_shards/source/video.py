@@ -186,12 +186,15 @@ def import_torchcodec() -> Any:
 
 Decoder = PyAVDecoder | TorchCodecDecoder
 
+_INHERITED: list[Decoder] = []
+"""Decoders a forked process inherited: kept alive, never used, never closed."""
+
 
 class DecoderCache:
     """A few open decoders per process, by video file: least recently used is closed first.
 
     Decoders never cross a fork: a process that finds the cache was filled by another (a
-    DataLoader worker after fork) starts an empty one.
+    DataLoader worker after fork) starts an empty one. Pickling (spawned workers) drops them.
     """
 
     def __init__(self, source: Source, backend: str = "pyav", max_open: int = 8) -> None:
@@ -208,6 +211,9 @@ class DecoderCache:
     def get(self, relative: str) -> Decoder:
         """The open decoder of a video file (relative to the source root), opening it if needed."""
         if self._pid != os.getpid():
+            # Never close or free a decoder inherited through fork: its codec threads live only
+            # in the parent, and joining them here would hang. Keep them referenced instead.
+            _INHERITED.extend(self._open.values())
             self._open = OrderedDict()
             self._pid = os.getpid()
         decoder = self._open.get(relative)
@@ -236,6 +242,8 @@ class DecoderCache:
         if self._pid == os.getpid():
             for decoder in self._open.values():
                 decoder.close()
+        else:
+            _INHERITED.extend(self._open.values())
         self._open = OrderedDict()
 
     def __getstate__(self) -> dict[str, Any]:

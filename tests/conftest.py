@@ -1,0 +1,98 @@
+"""Shared fixtures: the golden LeRobot 0.6.1 datasets and throwaway copies of datasets."""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import fsspec
+import pytest
+
+if TYPE_CHECKING:
+    from support.s3 import S3Bucket, S3Server
+
+GOLDEN_DIR = Path(__file__).parent / "data" / "lerobot-0.6.1"
+
+
+@pytest.fixture(scope="session")
+def golden_dir() -> Path:
+    """Folder of the golden datasets and their recorded items (see its README.md)."""
+    return GOLDEN_DIR
+
+
+@pytest.fixture(scope="session")
+def golden_delta_timestamps() -> dict[str, list[float]]:
+    """The delta_timestamps the golden ``*.delta.items.npz`` were recorded with."""
+    return {
+        "action": [0.0, 0.1, 0.2, 0.3],
+        "observation.images.cam_high": [-0.2, -0.1, 0.0],
+        "observation.state": [-0.1, 0.0],
+    }
+
+
+@pytest.fixture
+def golden_copy(tmp_path: Path) -> Callable[[str], Path]:
+    """``golden_copy(name)`` copies a golden dataset into tmp_path, for tests that damage it."""
+
+    def copy(name: str) -> Path:
+        dest = tmp_path / name
+        shutil.copytree(GOLDEN_DIR / name, dest)
+        return dest
+
+    return copy
+
+
+@pytest.fixture
+def to_memory() -> Iterator[Callable[[Path], str]]:
+    """``to_memory(local_dir)`` copies a folder into fsspec's memory filesystem; returns its URL."""
+    fs = fsspec.filesystem("memory")
+    roots: list[str] = []
+
+    def copy(local_dir: Path) -> str:
+        root = f"/{uuid.uuid4().hex}"
+        for path in sorted(Path(local_dir).rglob("*")):
+            if path.is_file():
+                fs.pipe(f"{root}/{path.relative_to(local_dir).as_posix()}", path.read_bytes())
+        roots.append(root)
+        return f"memory://{root}"
+
+    yield copy
+    for root in roots:
+        fs.rm(root, recursive=True)
+
+
+# --- S3 (issue 5): moto's standalone server on loopback, a recording/fault proxy in front ---
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """One moto server for the session, reached through ``s3_server.proxy``.
+
+    The environment is pinned to the test keys and endpoint for the whole session, so neither
+    this process nor its children can pick up real AWS credentials or config.
+    """
+    from support.s3 import isolated_aws_env, running_s3_server  # moto is slow to import
+
+    with running_s3_server() as server, pytest.MonkeyPatch.context() as mp:
+        scratch = tmp_path_factory.mktemp("aws")
+        for name, value in isolated_aws_env(server.endpoint_url, scratch).items():
+            if value is None:
+                mp.delenv(name, raising=False)
+            else:
+                mp.setenv(name, value)
+        yield server
+
+
+@pytest.fixture
+def s3_bucket(s3_server: S3Server) -> Iterator[S3Bucket]:
+    """A fresh bucket; the proxy's log is cleared and its faults are off when the test starts."""
+    from support.s3 import S3Bucket
+
+    s3_server.proxy.set_faults(0.0)
+    bucket = S3Bucket(s3_server, s3_server.new_bucket())
+    s3_server.proxy.clear()
+    yield bucket
+    s3_server.proxy.set_faults(0.0)
