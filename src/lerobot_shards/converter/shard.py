@@ -13,12 +13,12 @@ import os
 import posixpath
 import tarfile
 import tempfile
+from contextlib import nullcontext
 from typing import BinaryIO
 
 import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
-import webdataset
 from fsspec.implementations.local import LocalFileSystem
 
 from lerobot_shards.converter.cut import cut_episode
@@ -74,7 +74,8 @@ def episode_members(
     for key in source.video_keys:
         span = ep.videos[key]
         where = f"episode {episode_index} camera {key} ({source.path(span.path)})"
-        with source.open(span.path, "rb") as f:
+        local = source.local_path(span.path)
+        with nullcontext(local) if local else source.open(span.path, "rb") as f:
             cut = cut_episode(
                 f,
                 from_timestamp=span.from_timestamp,
@@ -102,14 +103,25 @@ def _timestamps(rows: pa.Table, source: Source, episode_index: int) -> list[floa
 def write_tar(file: BinaryIO, key: str, members: list[tuple[str, bytes]]) -> str:
     """Write the members as one WebDataset sample; returns the checksum of what was written.
 
-    TarWriter sorts a sample's extensions alphabetically, which would put the mp4s before the
-    parquet; writing one member per call keeps the contract's order (all share the key, so
-    readers still group them into one sample).
+    Python's tarfile rather than webdataset's TarWriter, for two reasons: TarWriter sorts a
+    sample's extensions (the mp4s would land before the parquet, against the contract's order),
+    and it streams every byte through tarfile's 10 KB record buffer, which made tar writing a
+    quarter of the conversion time; here each member's data goes out in one write. The result
+    is the same plain tar a TarWriter writes (same header fields).
     """
     out = _HashingWriter(file)
-    with webdataset.TarWriter(out, encoder=False, mtime=TAR_MTIME, format="PAX_FORMAT") as tw:
-        for ext, data in members:
-            tw.write({"__key__": key, ext: data})
+    for ext, data in members:
+        info = tarfile.TarInfo(f"{key}.{ext}")
+        info.size = len(data)
+        info.mtime = TAR_MTIME
+        info.mode = 0o444
+        info.uname = info.gname = "bigdata"
+        out.write(info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape"))
+        out.write(data)
+        out.write(bytes(-len(data) % tarfile.BLOCKSIZE))
+    # End of archive: two zero blocks, padded to a whole record as tar tools expect.
+    end = 2 * tarfile.BLOCKSIZE
+    out.write(bytes(end + (-(out.size + end) % tarfile.RECORDSIZE)))
     return f"{CHECKSUM_ALGO}:{out.hash.hexdigest()}"
 
 

@@ -1,0 +1,181 @@
+"""Conversion throughput beside a plain copy of the same source bytes on the same disk.
+
+Generates (once, cached) a LeRobot v3.0 dataset of at least ``--size-mb`` with the test factory:
+two 480x640 cameras of realistic content at 30 fps. The factory encodes like LeRobot (AV1, GOP 2)
+at crf 30, where such a scene is ~5 KB a frame and 200 MB would take ~20 minutes to encode on a
+small machine; the bench encodes at a higher quality (``--crf``, default 4, ~40 KB a frame)
+instead of using noise, so the frames are still camera-like video, just less compressed.
+
+Then it times, on warm page cache for both: ``shutil.copyfile`` of every source file, and
+``lerobot_shards.convert`` of the dataset; prints MB/s of source bytes for each, the ratio, and
+the machine. Usage: ``python scripts/bench_convert.py [--cache DIR] [--workers N]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import platform
+import shutil
+import statistics
+import time
+from pathlib import Path
+
+import av
+import fsspec
+
+import lerobot_shards.testing.video as factory_video
+from lerobot_shards import convert
+from lerobot_shards.format import read_index
+from lerobot_shards.testing.factory import make_dataset
+
+CAMERAS = {"observation.images.cam_high": (480, 640), "observation.images.cam_wrist": (480, 640)}
+FPS = 30
+MB = 1e6
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def tree_bytes(root: Path) -> int:
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+
+
+def generate(cache: Path, size_mb: float, crf: int, episode_length: int) -> Path:
+    """The cached source dataset; generated on first use (a probe sizes the episode count)."""
+    root = cache / f"source-v30-2x480x640-crf{crf}-{int(size_mb)}mb"
+    done = root / ".complete"
+    if done.exists():
+        return root
+    if root.exists():
+        shutil.rmtree(root)
+    factory_video.CRF = crf  # the factory's encoder quality (module constant)
+    probe = cache / ".probe"
+    if probe.exists():
+        shutil.rmtree(probe)
+    make_dataset(
+        probe,
+        episode_lengths=[episode_length],
+        cameras=CAMERAS,
+        fps=FPS,
+        content="realistic",
+        data_files_size_in_mb=100,
+        video_files_size_in_mb=200,
+    )
+    per_episode = tree_bytes(probe)
+    shutil.rmtree(probe)
+    episodes = math.ceil(size_mb * MB * 1.05 / per_episode)
+    print(
+        f"generating {episodes} episodes of {episode_length} frames (~{per_episode / MB:.1f} MB "
+        f"each) at crf {crf} into {root} ...",
+        flush=True,
+    )
+    started = time.perf_counter()
+    make_dataset(
+        root,
+        episode_lengths=[episode_length] * episodes,
+        cameras=CAMERAS,
+        fps=FPS,
+        content="realistic",
+        data_files_size_in_mb=100,
+        video_files_size_in_mb=200,
+    )
+    total = tree_bytes(root)
+    if total < size_mb * MB:
+        raise SystemExit(f"{root}: generated {total / MB:.0f} MB < {size_mb} MB; raise --size-mb")
+    done.write_text(f"{total}\n")
+    print(f"generated {total / MB:.0f} MB in {time.perf_counter() - started:.0f} s", flush=True)
+    return root
+
+
+def source_files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file() and not p.name.startswith("."))
+
+
+def warm(files: list[Path]) -> None:
+    for path in files:
+        with open(path, "rb") as f:
+            while f.read(1 << 24):
+                pass
+
+
+def time_copy(root: Path, files: list[Path], dest: Path) -> float:
+    if dest.exists():
+        shutil.rmtree(dest)
+    started = time.perf_counter()
+    for path in files:
+        target = dest / path.relative_to(root)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, target)
+    return time.perf_counter() - started
+
+
+def time_convert(root: Path, dest: Path, workers: int | None) -> float:
+    if dest.exists():
+        shutil.rmtree(dest)
+    started = time.perf_counter()
+    convert(str(root), str(dest), workers=workers, progress=False)
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--cache",
+        type=Path,
+        default=Path("/tmp/lerobot-shards-bench"),
+        help="where the source dataset is generated once and the outputs go",
+    )
+    parser.add_argument("--size-mb", type=float, default=200)
+    parser.add_argument("--crf", type=int, default=4)
+    parser.add_argument("--episode-length", type=int, default=300, help="frames (10 s at 30 fps)")
+    parser.add_argument("--workers", type=int, default=None, help="default: CPU count")
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+
+    args.cache.mkdir(parents=True, exist_ok=True)
+    root = generate(args.cache, args.size_mb, args.crf, args.episode_length)
+    files = source_files(root)
+    nbytes = sum(p.stat().st_size for p in files)
+    workers = args.workers if args.workers is not None else os.cpu_count()
+    warm(files)
+
+    copies, converts = [], []
+    for _ in range(args.repeat):
+        copies.append(time_copy(root, files, args.cache / "copy"))
+        converts.append(time_convert(root, args.cache / "shards", workers))
+    shutil.rmtree(args.cache / "copy")
+    copy_s, convert_s = statistics.median(copies), statistics.median(converts)
+    shards = tree_bytes(args.cache / "shards" / "shards")
+    index = read_index(fsspec.filesystem("file"), str(args.cache / "shards"))
+
+    print(
+        f"machine:  {cpu_model()}, {os.cpu_count()} cores; {platform.platform()}; "
+        f"python {platform.python_version()}, av {av.__version__}"
+    )
+    print(
+        f"source:   {root} ({len(files)} files, {nbytes / MB:.1f} MB, "
+        f"{index.total_episodes} episodes, {index.total_frames} frames, 2 cameras 480x640)"
+    )
+    print(
+        f"copy:     {nbytes / MB / copy_s:8.1f} MB/s  (median of {args.repeat}: "
+        f"{', '.join(f'{t:.2f}' for t in copies)} s)"
+    )
+    print(
+        f"convert:  {nbytes / MB / convert_s:8.1f} MB/s  (median of {args.repeat}: "
+        f"{', '.join(f'{t:.2f}' for t in converts)} s; workers={workers}; "
+        f"{index.total_frames / convert_s:.0f} frames/s; shards {shards / MB:.1f} MB)"
+    )
+    print(f"ratio:    {copy_s / convert_s:.2f} (convert / copy throughput; target >= 0.5)")
+
+
+if __name__ == "__main__":
+    main()
