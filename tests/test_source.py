@@ -20,6 +20,8 @@ from lerobot_shards.source import (
     VideoSpan,
     open_source,
 )
+from lerobot_shards.testing.content import action_value, frame_content, state_value
+from lerobot_shards.testing.factory import make_dataset
 
 CAM_HIGH = "observation.images.cam_high"
 CAM_WRIST = "observation.images.cam_left_wrist"
@@ -208,6 +210,93 @@ def test_drift_of_from_timestamp_within_tolerance_is_tolerated(golden_copy, gold
     shift_from_timestamp(root, episode=1, camera=CAM_HIGH, by=0.02)
     with pytest.raises(FrameNotFoundError, match=r"episode 1, camera observation\.images\.cam_h"):
         LeRobotSource(str(root))[12]
+
+
+# ------------------------------------------------------------------------------- factory data
+
+
+@pytest.fixture(scope="module")
+def factory_datasets(tmp_path_factory) -> dict[tuple[str, bool], Path]:
+    """The factory's default content as v3.0 and v2.1, with videos and as PNG images."""
+    base = tmp_path_factory.mktemp("factory")
+    return {
+        (version, video): make_dataset(
+            base / f"{version}-{'video' if video else 'image'}", version=version, video=video
+        )
+        for version in ("v3.0", "v2.1")
+        for video in (True, False)
+    }
+
+
+@pytest.mark.parametrize("video", [True, False], ids=["video", "image"])
+def test_v30_and_v21_give_identical_items(factory_datasets, golden_delta_timestamps, video):
+    v30 = LeRobotSource(
+        str(factory_datasets["v3.0", video]), delta_timestamps=golden_delta_timestamps
+    )
+    v21 = LeRobotSource(
+        str(factory_datasets["v2.1", video]), delta_timestamps=golden_delta_timestamps
+    )
+    assert v21.source.codebase_version == "v2.1" and v30.source.codebase_version == "v3.0"
+    assert len(v21) == len(v30) == 74
+    assert [(e.length, e.tasks) for e in v21.episodes] == [
+        (e.length, e.tasks) for e in v30.episodes
+    ]
+    for index in range(len(v30)):
+        assert_items_equal(v21[index], v30[index], f"index {index}")
+
+
+@pytest.mark.parametrize("version", ["v3.0", "v2.1"])
+def test_tabular_values_are_what_was_written(factory_datasets, version):
+    source = LeRobotSource(str(factory_datasets[version, True]))
+    index = 0
+    for ep in source.episodes:
+        for frame in range(ep.length):
+            item = source[index]
+            i = ep.episode_index
+            assert torch.equal(item["observation.state"], torch.from_numpy(state_value(i, frame)))
+            assert torch.equal(item["action"], torch.from_numpy(action_value(i, frame)))
+            assert item["timestamp"].dtype == torch.float32
+            assert item["timestamp"].item() == np.float32(frame / source.fps)
+            assert item["frame_index"].item() == frame and item["episode_index"].item() == i
+            assert item["index"].item() == index
+            assert item["task"] == ep.tasks[0] == source.tasks[item["task_index"].item()]
+            index += 1
+    assert index == len(source)
+
+
+@pytest.mark.parametrize("video", [True, False], ids=["video", "image"])
+@pytest.mark.parametrize("version", ["v3.0", "v2.1"])
+def test_each_decoded_frame_is_the_frame_written(factory_datasets, version, video):
+    """Nearest by content among every frame of the dataset: an off-by-one cannot pass."""
+    source = LeRobotSource(str(factory_datasets[version, video]), return_uint8=True)
+    for key in source.camera_keys:
+        height, width = source.features[key]["shape"][:2]
+        written = [(ep.episode_index, f) for ep in source.episodes for f in range(ep.length)]
+        truth = (
+            torch.stack([torch.from_numpy(frame_content(e, f, height, width)) for e, f in written])
+            .permute(0, 3, 1, 2)
+            .to(torch.float32)
+        )
+        for index, expected in enumerate(written):
+            frame = source[index][key].to(torch.float32)
+            error = (truth - frame).abs().mean(dim=(1, 2, 3))
+            assert written[int(error.argmin())] == expected, (key, index)
+            if video:
+                assert error.min() < 8, (key, index, float(error.min()))  # lossy AV1
+            else:
+                assert error.min() == 0, (key, index)  # PNG is lossless
+
+
+def test_v21_stats_aggregate_the_episode_stats(factory_datasets):
+    """v2.1 may ship only per-episode stats: the aggregate matches v3.0's stats.json."""
+    v30 = open_source(str(factory_datasets["v3.0", True])).stats
+    v21 = open_source(str(factory_datasets["v2.1", True])).stats
+    assert v30 is not None and v21 is not None
+    for key in ("observation.state", "action", "frame_index", "index"):
+        assert v21[key]["min"] == v30[key]["min"] and v21[key]["max"] == v30[key]["max"]
+        assert v21[key]["count"] == v30[key]["count"]
+        np.testing.assert_allclose(v21[key]["mean"], v30[key]["mean"], rtol=1e-9)
+        np.testing.assert_allclose(v21[key]["std"], v30[key]["std"], rtol=1e-6)
 
 
 # ------------------------------------------------------------------------------- errors
