@@ -20,6 +20,7 @@ from lerobot_shards.source import (
     VideoSpan,
     open_source,
 )
+from lerobot_shards.source.video import PyAVDecoder
 from lerobot_shards.testing.content import action_value, frame_content, state_value
 from lerobot_shards.testing.factory import make_dataset
 
@@ -210,6 +211,23 @@ def test_drift_of_from_timestamp_within_tolerance_is_tolerated(golden_copy, gold
     shift_from_timestamp(root, episode=1, camera=CAM_HIGH, by=0.02)
     with pytest.raises(FrameNotFoundError, match=r"episode 1, camera observation\.images\.cam_h"):
         LeRobotSource(str(root))[12]
+
+
+def test_decoder_reads_forward_and_seeks_only_when_needed(golden_dir):
+    path = str(golden_dir / f"av1_multifile/videos/{CAM_WRIST}/chunk-000/file-002.mp4")
+    forward = PyAVDecoder(path, path)  # episodes 3, 4 and 5: 31 frames at 10 fps
+    frames = [forward.frames_at([f / 10], 1e-4, "test") for f in range(31)]
+    assert forward.frames_decoded == 31  # sequential items decode each frame once
+    far = PyAVDecoder(path, path, max_forward_s=0.5)
+    assert torch.equal(far.frames_at([2.6], 1e-4, "test"), frames[26])
+    assert far.frames_decoded <= 3  # sought the keyframe before 2.6 s (GOP 2) instead
+    back = far.frames_at([0.5, 0.3, 0.5], 1e-4, "test")
+    assert torch.equal(back, torch.cat([frames[5], frames[3], frames[5]]))
+    assert torch.equal(far.frames_at([3.0], 1e-4, "test"), frames[30])
+    with pytest.raises(FrameNotFoundError, match=r"\[3\.1\]"):
+        far.frames_at([3.1], 1e-4, "test")
+    forward.close()
+    far.close()
 
 
 # ------------------------------------------------------------------------------- factory data

@@ -53,7 +53,11 @@ def _nearest(queries: np.ndarray, times: np.ndarray, tolerance_s: float, where: 
 
 
 class PyAVDecoder:
-    """One open video file decoded forward on demand (the ``pyav`` backend)."""
+    """One open video file decoded forward on demand (the ``pyav`` backend).
+
+    A request that starts at most ``max_forward_s`` past the last decoded frame (and not before
+    the oldest kept one) is served by decoding forward; any other seeks first, like LeRobot.
+    """
 
     def __init__(self, file: str | BinaryIO, name: str, max_forward_s: float = 2.0) -> None:
         self.name = name
@@ -68,6 +72,10 @@ class PyAVDecoder:
             raise SourceError(f"{name}: has no video stream")
         self._stream = self._container.streams.video[0]
         self._time_base = self._stream.time_base
+        start = self._stream.start_time
+        self._start_s = float(start * self._time_base) if start is not None else 0.0
+        self.frames_decoded = 0
+        """Frames decoded so far (each costs decode time; a forward read decodes each once)."""
         self._buffer: list[tuple[float, av.VideoFrame]] = []
         self._frames = self._container.decode(self._stream)
         self._at_start = True  # no frame precedes the buffer
@@ -99,7 +107,7 @@ class PyAVDecoder:
     def _usable(self, first: float) -> bool:
         """Can the buffer plus forward decoding answer a request starting at ``first``?"""
         if not self._buffer:
-            return self._at_start and not self._eof
+            return self._at_start and not self._eof and first - self._start_s <= self.max_forward_s
         start_ok = self._at_start or self._buffer[0][0] <= first
         return start_ok and first - self._buffer[-1][0] <= self.max_forward_s
 
@@ -123,6 +131,7 @@ class PyAVDecoder:
                 break
             except av.error.FFmpegError as exc:
                 raise SourceError(f"{self.name} ({where}): cannot decode: {exc}") from exc
+            self.frames_decoded += 1
             if frame.pts is None:
                 raise SourceError(f"{self.name} ({where}): a decoded frame has no timestamp")
             self._buffer.append((float(frame.pts * self._time_base), frame))
