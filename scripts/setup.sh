@@ -9,4 +9,7 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip
 # The CPU wheel of torch must come first: a bare `torch` requirement would pull a CUDA build.
 .venv/bin/python -m pip install -q "torch==2.13.0"
-.venv/bin/python -m pip install -q -e ".[test]"
+# Hold torch at the installed build while resolving the rest, so nothing swaps it for a CUDA one.
+torch_version=$(.venv/bin/python -c "import torch; print(torch.__version__)")
+echo "torch==${torch_version}" > .venv/torch-constraint.txt
+.venv/bin/python -m pip install -q -e ".[test]" -c .venv/torch-constraint.txt
