@@ -311,8 +311,11 @@ def _run(args: _JobArgs, src: Source, todo: list[int], workers: int) -> Iterator
         for i in todo:
             yield _checked(job, i)
         return
-    # spawn: workers open their own files and filesystems (fork would share open connections).
-    ctx = multiprocessing.get_context("spawn")
+    # fork where the platform has it (as torch's DataLoader does): workers start without
+    # re-importing torch/pyarrow/av, seconds per worker. Each worker still opens its own source
+    # and destination, and fsspec and pyarrow reset their threads and loops in a forked child.
+    methods = multiprocessing.get_all_start_methods()
+    ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
     with ProcessPoolExecutor(
         max_workers=min(workers, len(todo)),
         mp_context=ctx,
