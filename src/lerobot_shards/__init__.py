@@ -2,7 +2,10 @@
 
 __version__ = "0.1.0"
 
-_LAZY = {"convert": "lerobot_shards.converter.run"}
+_LAZY = {
+    "convert": "lerobot_shards.converter.run",
+    "ShardedLeRobotDataset": "lerobot_shards.reader.dataset",
+}
 
 
 def __getattr__(name: str):

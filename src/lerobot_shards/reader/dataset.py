@@ -1,0 +1,533 @@
+"""``ShardedLeRobotDataset``: the exact-coverage streaming ``IterableDataset`` over the shards.
+
+It ties the pure planning (``partition``, ``plan``) to the I/O (``fetch``, ``decode``,
+``episode``): the selected frames are split into ``world_size x num_workers`` parts, each
+DataLoader worker (or the process itself) streams its part through the episode pool, fetching
+and decoding admitted episodes ahead of time in a small thread pool, and builds each drawn
+frame's item exactly as LeRobot does (``lerobot_shards.items``).
+
+Epochs and resume. Every ``iter(ds)`` starts the next epoch unless ``set_epoch`` or
+``load_state_dict`` said which; a DataLoader's persistent workers advance their own copies, so
+they see a new order each epoch. With non-persistent workers the workers are fresh copies of
+``ds`` every epoch: call ``ds.set_epoch(epoch)`` before each. A state is
+``{"epoch", "offset", "batch_size"}``, ``offset`` counting the samples the consumer took in that
+epoch. Resuming replays only the planner (``plan_part(start=...)``): nothing skipped is
+fetched or decoded.
+
+- Iterating ``ds`` directly (or a DataLoader with ``num_workers=0``): ``ds.state_dict()``
+  knows what was taken.
+- A DataLoader with workers: the copies that count live in the workers, so the training loop
+  says how many samples it took since the DataLoader's iterator started:
+  ``ds.state_dict(num_samples=n, batch_size=b)``. ``load_state_dict`` then works out, from the
+  DataLoader's round-robin over workers, what each worker had produced, and lets each worker
+  take the role (part) whose batch comes next, so the resumed stream is the same sequence.
+  Offsets at batch boundaries (multiples of ``batch_size``, or the end of the epoch) resume
+  exactly.
+- torchdata's ``StatefulDataLoader`` calls ``state_dict``/``load_state_dict`` inside each
+  worker; the worker's state then carries its id, its part and its own offset.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import fsspec
+import numpy as np
+import pyarrow.parquet as pq
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from lerobot_shards.format import (
+    INFO_FILE,
+    MANIFEST_FILE,
+    STATS_FILE,
+    TASKS_FILE,
+    FormatError,
+    join,
+    read_index,
+    read_manifest,
+)
+from lerobot_shards.items import ItemSpec, delta_indices
+from lerobot_shards.reader.decode import check_backend
+from lerobot_shards.reader.episode import Episode, load_episode
+from lerobot_shards.reader.fetch import ADMIT, EVICT, Prefetcher, Span, read_span
+from lerobot_shards.reader.partition import part_index, samples_per_part, split_parts
+from lerobot_shards.reader.plan import Admit, Draw, Evict, check_budget, plan_part
+
+GB = 10**9
+
+
+@dataclass
+class DatasetMeta:
+    """The dataset's metadata, named as LeRobot's ``LeRobotDataset.meta`` names it."""
+
+    info: dict[str, Any]
+    fps: float
+    features: dict[str, Any]
+    camera_keys: list[str]
+    video_keys: list[str]
+    image_keys: list[str]
+    stats: dict[str, Any] | None
+    tasks: list[str]
+    """Task string by ``task_index``."""
+    total_frames: int
+    total_episodes: int
+    codebase_version: str
+
+
+@dataclass
+class _Cursor:
+    """Where one iteration is in its part's stream: the next sample's epoch and offset."""
+
+    role: int
+    """Which of the rank's workers' parts this stream plays (its own unless resumed)."""
+    epoch: int
+    offset: int
+    per_epoch: int
+
+
+def consumed_per_worker(
+    offset: int, per_worker: Sequence[int], batch_size: int, repeat: bool
+) -> tuple[list[int], int]:
+    """Samples each DataLoader worker had produced once the consumer took ``offset`` samples.
+
+    The DataLoader asks workers ``0..W-1`` in turn for a batch (of ``batch_size`` samples, the
+    last one of a finite worker stream short) and skips a worker once it is exhausted, so its
+    output is the workers' batches in round-major order. Also returns the worker whose batch
+    comes next. ``per_worker`` is each worker's samples per epoch; with ``repeat`` the streams
+    run on and every batch is full.
+    """
+    workers = len(per_worker)
+    b = max(1, batch_size)
+    if repeat:
+        batches, partial = divmod(offset, b)
+        rounds, nxt = divmod(batches, workers)
+        taken = [rounds * b + (b if w < nxt else 0) for w in range(workers)]
+        taken[nxt] += partial
+        return taken, nxt
+    counts = np.asarray(per_worker, dtype=np.int64)
+    rounds = int(-(-counts.max() // b)) if len(counts) and counts.max() > 0 else 0
+    sizes = np.clip(counts[None, :] - b * np.arange(rounds)[:, None], 0, b).ravel()
+    ends = np.cumsum(sizes)
+    done = int(np.searchsorted(ends, offset, side="right"))  # whole batches taken
+    taken = np.bincount(np.arange(done) % workers, weights=sizes[:done], minlength=workers)
+    taken = taken.astype(np.int64)
+    rest = np.flatnonzero(sizes[done:] > 0)
+    if not len(rest):
+        return counts.tolist(), 0
+    nxt = int((done + rest[0]) % workers)
+    taken[nxt] += offset - (int(ends[done - 1]) if done else 0)
+    return taken.tolist(), nxt
+
+
+def rank_and_world_size() -> tuple[int, int]:
+    """From torch.distributed when initialised, else ``RANK``/``WORLD_SIZE``, else 0 and 1."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+class ShardedLeRobotDataset(IterableDataset):
+    """A converted LeRobot dataset streamed with exact coverage: every selected frame exactly
+    once per epoch over all ranks and workers, items equal to ``LeRobotSource[i]``.
+
+    ``root`` is a local path or fsspec URL of a converted dataset. ``episodes`` selects episode
+    indices. At most ``buffer_size`` episodes and ``byte_budget_gb`` (10**9 bytes, of fetched
+    episode bytes, resident plus prefetched) are held. ``repeat=True`` streams epoch after
+    epoch. ``delta_timestamps``, ``tolerance_s``, ``image_transforms``, ``return_uint8`` and
+    ``video_backend`` shape items as in LeRobot. ``pad=False`` turns off the padding that gives
+    every rank and worker the same number of samples (for evaluation).
+
+    ``len(ds)`` and ``ds.padding`` count this rank's samples per epoch over ``ds.num_workers``
+    DataLoader workers (set it to the DataLoader's ``num_workers``; inside a worker it is known).
+    """
+
+    prefetch_depth = 2
+    """Admissions fetched and decoded ahead of the pool."""
+    fetch_threads = 2
+    fetch_retries = 5
+
+    def __init__(
+        self,
+        root: str | os.PathLike,
+        *,
+        episodes: Sequence[int] | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        buffer_size: int = 64,
+        byte_budget_gb: float | None = None,
+        repeat: bool = False,
+        delta_timestamps: Mapping[str, Sequence[float]] | None = None,
+        tolerance_s: float = 1e-4,
+        image_transforms: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        return_uint8: bool = False,
+        video_backend: str = "pyav",
+        storage_options: dict | None = None,
+        pad: bool = True,
+    ) -> None:
+        super().__init__()
+        if buffer_size < 1:
+            raise ValueError(f"buffer_size must be at least 1, got {buffer_size}")
+        check_backend(video_backend)
+        self.root = str(root)
+        self.fs, self._path = fsspec.core.url_to_fs(self.root, **(storage_options or {}))
+        index = read_index(self.fs, self._path)
+        self.meta = self._read_meta(index)
+        self._read_manifest(episodes)
+        self.shuffle = shuffle
+        self.seed = int(seed)
+        self.buffer_size = int(buffer_size)
+        self.byte_budget = None if byte_budget_gb is None else int(byte_budget_gb * GB)
+        check_budget(self._sizes, self.byte_budget, self._episodes)
+        self.repeat = repeat
+        self.pad = pad
+        self.video_backend = video_backend
+        unknown = set(delta_timestamps or ()) - set(self.meta.features)
+        if unknown:
+            raise ValueError(f"delta_timestamps keys {sorted(unknown)} are not features of {root}")
+        self.spec = ItemSpec(
+            video_keys=list(self.meta.video_keys),
+            image_keys=list(self.meta.image_keys),
+            deltas=delta_indices(delta_timestamps, self.meta.fps, tolerance_s),
+            return_uint8=return_uint8,
+            image_transforms=image_transforms,
+        )
+        self.num_workers = 0
+        self._next = (0, 0)  # (epoch, offset) the next iteration starts at
+        self._current = (0, 0)  # where the current (or last) iteration started
+        self._batch_size = 1
+        self._resume_worker: dict | None = None
+        self._resume_pending = False
+        self._cursor: _Cursor | None = None
+        self._stats = {"peak_fetched_bytes": 0, "peak_resident_memory": 0}
+
+    # ------------------------------------------------------------------ metadata
+
+    def _read_meta(self, index) -> DatasetMeta:
+        def read_json(relative: str, required: bool) -> Any:
+            path = join(self._path, relative)
+            try:
+                with self.fs.open(path, "rb") as f:
+                    return json.load(f)
+            except FileNotFoundError:
+                if required:
+                    raise FormatError(
+                        f"{path} not found: the converted dataset is incomplete"
+                    ) from None
+                return None
+            except ValueError as exc:
+                raise FormatError(f"{path}: not JSON: {exc}") from exc
+
+        info = read_json(INFO_FILE, True)
+        features = info.get("features", index.features)
+        tasks_path = join(self._path, TASKS_FILE)
+        try:
+            with self.fs.open(tasks_path, "rb") as f:
+                table = pq.read_table(f, columns=["task_index", "task"])
+        except FileNotFoundError:
+            raise FormatError(
+                f"{tasks_path} not found: the converted dataset is incomplete"
+            ) from None
+        except Exception as exc:
+            raise FormatError(f"{tasks_path}: tasks do not parse: {exc}") from exc
+        indices = table.column("task_index").to_pylist()
+        tasks = [""] * (max(indices, default=-1) + 1)
+        for i, task in zip(indices, table.column("task").to_pylist(), strict=True):
+            tasks[i] = task
+        video_keys = list(index.video_keys)
+        return DatasetMeta(
+            info=info,
+            fps=index.fps,
+            features=features,
+            camera_keys=list(index.camera_keys),
+            video_keys=video_keys,
+            image_keys=[k for k in index.camera_keys if k not in video_keys],
+            stats=read_json(STATS_FILE, False),
+            tasks=tasks,
+            total_frames=index.total_frames,
+            total_episodes=index.total_episodes,
+            codebase_version=index.codebase_version,
+        )
+
+    def _read_manifest(self, episodes: Sequence[int] | None) -> None:
+        table = read_manifest(self.fs, join(self._path, MANIFEST_FILE))
+        all_episodes = table.column("episode_index").to_numpy()
+        if episodes is None:
+            rows = np.arange(len(all_episodes))
+        else:
+            wanted = np.unique(np.asarray(list(episodes), dtype=np.int64))
+            rows = np.searchsorted(all_episodes, wanted)
+            rows = np.minimum(rows, max(len(all_episodes) - 1, 0))
+            missing = wanted[(len(all_episodes) == 0) | (all_episodes[rows] != wanted)]
+            if len(missing):
+                raise ValueError(
+                    f"episodes {missing.tolist()} are not in {self.root} "
+                    f"({len(all_episodes)} episodes)"
+                )
+        table = table.take(rows)
+        self._manifest = table
+        self._episodes = table.column("episode_index").to_numpy()
+        self._lengths = table.column("length").to_numpy()
+        self._sizes = table.column("size").to_numpy()
+        self._offsets = table.column("offset").to_numpy()
+        self._from_index = table.column("dataset_from_index").to_numpy()
+        self._shards = table.column("shard").to_pylist()
+        self._checksums = table.column("checksum").to_pylist()
+        self._row_of = {int(e): i for i, e in enumerate(self._episodes.tolist())}
+
+    @property
+    def num_frames(self) -> int:
+        """Frames of the selected episodes."""
+        return int(self._lengths.sum())
+
+    @property
+    def num_episodes(self) -> int:
+        """Selected episodes."""
+        return len(self._episodes)
+
+    @property
+    def episodes(self) -> list[int]:
+        """The selected episode indices, ascending."""
+        return self._episodes.tolist()
+
+    # ------------------------------------------------------------------ sizes
+
+    def _layout(self) -> tuple[int, int, int, int]:
+        """``(rank, world_size, worker_id, num_workers)`` of the calling process."""
+        rank, world = rank_and_world_size()
+        info = get_worker_info()
+        if info is None:
+            return rank, world, 0, max(1, self.num_workers)
+        return rank, world, info.id, info.num_workers
+
+    def _part_samples(self, num_parts: int, pad: bool | None = None) -> list[int]:
+        return samples_per_part(self.num_frames, num_parts, self.pad if pad is None else pad)
+
+    def _rank_parts(self) -> tuple[list[int], int]:
+        rank, world, _, workers = self._layout()
+        parts = [part_index(rank, world, w, workers)[0] for w in range(workers)]
+        return parts, world * workers
+
+    def __len__(self) -> int:
+        """Samples this rank yields per epoch, over all its DataLoader workers."""
+        parts, num_parts = self._rank_parts()
+        samples = self._part_samples(num_parts)
+        return sum(samples[p] for p in parts)
+
+    @property
+    def padding(self) -> int:
+        """How many of this rank's samples per epoch are padding (repeats of its own frames)."""
+        parts, num_parts = self._rank_parts()
+        real = self._part_samples(num_parts, pad=False)
+        return len(self) - sum(real[p] for p in parts)
+
+    def memory_stats(self) -> dict[str, int]:
+        """Peaks seen by this process's iterations: fetched bytes (resident plus in flight, what
+        the byte budget bounds) and resident memory (fetched plus decoded frames)."""
+        return dict(self._stats)
+
+    # ------------------------------------------------------------------ epochs and state
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next iteration run epoch ``epoch``: from its start, or from the offset of a
+        state loaded for that epoch and not yet iterated (so a loop may call ``set_epoch`` on
+        every epoch, the resumed one included)."""
+        if self._resume_pending and self._next[0] == int(epoch):
+            return
+        self._next = self._current = (int(epoch), 0)
+        self._resume_worker = None
+        self._resume_pending = False
+        self._cursor = None
+
+    def state_dict(
+        self, num_samples: int | None = None, batch_size: int | None = None
+    ) -> dict[str, Any]:
+        """``{"epoch", "offset", "batch_size"}`` for what the consumer has taken.
+
+        ``num_samples``: with DataLoader workers, the samples the training loop took since the
+        DataLoader's iterator started (and ``batch_size`` its batch size, None counting as 1).
+        Without it, what this object yielded (direct iteration), or, inside a DataLoader worker
+        (torchdata's StatefulDataLoader), that worker's own position.
+        """
+        b = self._batch_size if batch_size is None else max(1, int(batch_size))
+        if num_samples is not None:
+            epoch, offset = self._current
+            return {"epoch": epoch, "offset": offset + int(num_samples), "batch_size": b}
+        cursor = self._cursor
+        if cursor is None:
+            epoch, offset = self._next
+            return {"epoch": epoch, "offset": offset, "batch_size": b}
+        epoch, offset = cursor.epoch, cursor.offset
+        if offset >= cursor.per_epoch > 0 and not self.repeat:
+            epoch, offset = epoch + 1, 0
+        state = {"epoch": epoch, "offset": offset, "batch_size": b}
+        info = get_worker_info()
+        if info is not None:
+            state.update(worker_id=info.id, num_workers=info.num_workers, role=cursor.role)
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Make the next iteration yield exactly what followed the state's position."""
+        epoch, offset = int(state["epoch"]), int(state["offset"])
+        if offset < 0 or epoch < 0:
+            raise ValueError(f"a state needs a non-negative epoch and offset, got {dict(state)}")
+        self._batch_size = max(1, int(state.get("batch_size") or 1))
+        self._next = self._current = (epoch, offset)
+        self._resume_worker = dict(state) if "worker_id" in state else None
+        self._resume_pending = True
+        self._cursor = None
+
+    # ------------------------------------------------------------------ iteration
+
+    def __iter__(self) -> Iterator[dict]:
+        epoch, offset = self._next
+        self._next = (epoch + 1, 0)
+        self._current = (epoch, offset)
+        rank, world, worker, workers = self._layout()
+        first = part_index(rank, world, 0, workers)[0]
+        num_parts = world * workers
+        per_part = self._part_samples(num_parts)
+        per_worker = per_part[first : first + workers]
+        resume = self._resume_worker
+        self._resume_worker = None
+        self._resume_pending = False
+        if resume is not None and (resume["worker_id"], resume["num_workers"]) == (
+            worker,
+            workers,
+        ):
+            role, taken = int(resume["role"]), offset
+        elif workers == 1:
+            role, taken = 0, offset
+        else:
+            consumed, nxt = consumed_per_worker(offset, per_worker, self._batch_size, self.repeat)
+            role = (nxt + worker) % workers
+            taken = consumed[role]
+        n = per_worker[role]
+        if n and self.repeat:
+            epoch, taken = epoch + taken // n, taken % n
+        cursor = _Cursor(role, epoch, min(taken, n), n)
+        self._cursor = cursor
+        return self._stream(first + role, num_parts, cursor)
+
+    def _stream(self, part: int, num_parts: int, cursor: _Cursor) -> Iterator[dict]:
+        n = cursor.per_epoch
+        if n == 0 or cursor.offset >= n:
+            return
+        pieces_of: dict[int, Any] = {}
+
+        def events() -> Iterator[tuple[int, Any]]:
+            epoch, start = cursor.epoch, cursor.offset
+            while True:
+                pieces = split_parts(
+                    self._episodes,
+                    self._lengths,
+                    num_parts,
+                    seed=self.seed,
+                    epoch=epoch,
+                    shuffle=self.shuffle,
+                )[part]
+                pieces_of[epoch] = pieces
+                pieces_of.pop(epoch - 2, None)
+                seed = [self.seed, epoch] if num_parts == 1 else [self.seed, epoch, part]
+                plan = plan_part(
+                    pieces,
+                    self._piece_bytes(pieces),
+                    buffer_size=self.buffer_size,
+                    byte_budget=self.byte_budget,
+                    seed=seed,
+                    shuffle=self.shuffle,
+                    num_samples=n,
+                    start=start,
+                )
+                for event in plan:
+                    yield epoch, event
+                if not self.repeat:
+                    return
+                epoch, start = epoch + 1, 0
+
+        def classify(step: tuple[int, Any]) -> tuple[str | None, Any]:
+            epoch, event = step
+            if type(event) is Admit:
+                return ADMIT, (epoch, event.piece)
+            if type(event) is Evict:
+                return EVICT, (epoch, event.piece)
+            return None, None
+
+        def size(key: tuple[int, int]) -> int:
+            epoch, piece = key
+            return int(self._sizes[self._row_of[int(pieces_of[epoch].episodes[piece])]])
+
+        def load(key: tuple[int, int]) -> Episode:
+            epoch, piece = key
+            return self._load(pieces_of[epoch][piece])
+
+        prefetcher = Prefetcher(
+            load,
+            size,
+            byte_budget=self.byte_budget,
+            depth=self.prefetch_depth,
+            threads=self.fetch_threads,
+        )
+        resident: dict[tuple[int, int], Episode] = {}
+        memory = 0
+        tasks = self.meta.tasks
+        for (epoch, event), value in prefetcher.run(events(), classify):
+            kind = type(event)
+            if kind is Draw:
+                item = resident[(epoch, event.piece)].item(event.frame, self.spec, tasks)
+                cursor.offset += 1
+                if cursor.offset == n and self.repeat:
+                    cursor.epoch, cursor.offset = epoch + 1, 0
+                yield item
+            elif kind is Admit:
+                resident[(epoch, event.piece)] = value
+                memory += value.nbytes
+                stats = self._stats
+                stats["peak_resident_memory"] = max(stats["peak_resident_memory"], memory)
+                stats["peak_fetched_bytes"] = max(
+                    stats["peak_fetched_bytes"], prefetcher.peak_bytes
+                )
+            else:
+                memory -= resident.pop((epoch, event.piece)).nbytes
+
+    def _piece_bytes(self, pieces) -> np.ndarray:
+        rows = np.fromiter((self._row_of[int(e)] for e in pieces.episodes), np.int64)
+        return self._sizes[rows]
+
+    def _load(self, piece) -> Episode:
+        """Fetch, verify and decode one piece's episode (runs in the prefetch threads)."""
+        row = self._row_of[piece.episode]
+        shard = self._shards[row]
+        span = Span(
+            piece.episode,
+            join(self._path, shard),
+            int(self._offsets[row]),
+            int(self._sizes[row]),
+            self._checksums[row],
+        )
+        data = read_span(self.fs, span, retries=self.fetch_retries)
+        base = int(self._offsets[row])
+        members = {
+            m["name"]: (m["offset"] - base, m["size"])
+            for m in self._manifest.column("members")[row].as_py()
+        }
+        return load_episode(
+            data,
+            members,
+            episode_index=piece.episode,
+            length=int(self._lengths[row]),
+            shard=span.path,
+            spec=self.spec,
+            backend=self.video_backend,
+            rows=(piece.start, piece.stop),
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"ShardedLeRobotDataset({self.root!r}, {self.num_episodes} episodes, "
+            f"{self.num_frames} frames, fps={self.meta.fps})"
+        )
