@@ -4,16 +4,18 @@ It sits between an S3 client (s3fs) and a local S3 server (moto) and does two jo
 needs and the server cannot give: it records every request with the bytes it answered (so a
 test can count ranged reads), and on a chosen fraction of requests it breaks the exchange the
 way real networks do: a connection reset, a 500 or 503 answer, or a body cut short after a
-correct ``Content-Length``. The fault draw is seeded, so a run is reproducible.
+correct ``Content-Length``. The fault draw is seeded and keyed by the request, so a run is
+reproducible even with concurrent clients.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import http.client
-import random
 import socket
 import struct
+import sys
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -71,7 +73,8 @@ class FaultProxy:
         self._rate = 0.0
         self._kinds: tuple[str, ...] = FAULT_KINDS
         self._methods: frozenset[str] | None = None
-        self._rng = random.Random(0)
+        self._seed = 0
+        self._attempts: dict[tuple[str, str, str | None], int] = {}
         self._clients: set[socket.socket] = set()
         self._server = _Server((host, port), _handler_for(self))
         self._thread: threading.Thread | None = None
@@ -126,7 +129,8 @@ class FaultProxy:
             self._rate = rate
             self._kinds = kinds
             self._methods = None if methods is None else frozenset(m.upper() for m in methods)
-            self._rng = random.Random(seed)
+            self._seed = seed
+            self._attempts.clear()
 
     def clear(self) -> None:
         """Forget the recorded requests (faults stay as set)."""
@@ -151,13 +155,26 @@ class FaultProxy:
         """Total body bytes answered to the matching requests."""
         return sum(r.body_bytes for r in self.requests(method, path_contains=path_contains))
 
-    def _draw_fault(self, method: str) -> str | None:
+    def _draw_fault(self, method: str, path: str, byte_range: str | None) -> str | None:
+        """Whether (and how) to break this request.
+
+        The draw hashes the seed, the request (method, path, range) and how many times the
+        same request came before, so it does not depend on the order in which concurrent
+        clients (threads, DataLoader workers) happen to arrive: a seeded run breaks the same
+        attempts of the same reads every time.
+        """
         with self._lock:
             if self._rate == 0.0 or (self._methods is not None and method not in self._methods):
                 return None
-            if self._rng.random() >= self._rate:
-                return None
-            return self._rng.choice(self._kinds)
+            request = (method, path, byte_range)
+            attempt = self._attempts.get(request, 0)
+            self._attempts[request] = attempt + 1
+            seed = self._seed
+        digest = hashlib.blake2b(repr((seed, *request, attempt)).encode(), digest_size=16)
+        draw = digest.digest()
+        if int.from_bytes(draw[:8], "big") / 2**64 >= self._rate:
+            return None
+        return self._kinds[draw[8] % len(self._kinds)]
 
     def _record(self, request: Request) -> None:
         with self._lock:
@@ -175,6 +192,11 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False
     allow_reuse_address = True
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        """A client that went away (killed, timed out, reset) is normal here, not an error."""
+        if not isinstance(sys.exc_info()[1], ConnectionError | TimeoutError):
+            super().handle_error(request, client_address)
 
 
 def _handler_for(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
@@ -246,8 +268,8 @@ class _ProxyHandler(BaseHTTPRequestHandler):
     def _handle(self) -> None:
         method = self.command
         body = self._read_request_body()
-        fault = self.owner._draw_fault(method)
         rng = self.headers.get("Range")
+        fault = self.owner._draw_fault(method, self.path, rng)
         if fault == "reset":
             self.owner._record(Request(method, self.path, rng, None, 0, fault))
             self._reset()

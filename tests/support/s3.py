@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
-import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -96,7 +95,7 @@ class S3Server:
     moto: ThreadedMotoServer
     proxy: FaultProxy
     direct_endpoint_url: str
-    _names: Iterator[int] = field(default_factory=itertools.count)
+    _names: dict[str, Iterator[int]] = field(default_factory=dict)
 
     @property
     def endpoint_url(self) -> str:
@@ -122,8 +121,13 @@ class S3Server:
         return s3fs.S3FileSystem(skip_instance_cache=True, **opts)
 
     def new_bucket(self, prefix: str = "bucket") -> str:
-        """Create a bucket no test has used and return its name."""
-        name = f"{prefix}-{os.getpid()}-{next(self._names)}"
+        """Create a bucket no test has used and return its name, ``<prefix>-<n>``.
+
+        ``n`` counts per prefix, so a module that asks for its own prefix gets the same name
+        whichever tests ran before (fault draws hash the request path, bucket included).
+        """
+        n = self._names.setdefault(prefix, itertools.count())
+        name = f"{prefix}-{next(n)}"
         # Not fs.mkdir: it sends a LocationConstraint of us-east-1, which S3 rejects.
         self.direct_filesystem.call_s3("create_bucket", Bucket=name)
         return name
