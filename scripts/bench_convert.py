@@ -18,6 +18,7 @@ import argparse
 import math
 import os
 import platform
+import resource
 import shutil
 import statistics
 import time
@@ -108,18 +109,28 @@ def warm(files: list[Path]) -> None:
                 pass
 
 
-def timed(action) -> tuple[float, float]:
-    """Seconds of ``action()`` into the page cache, and until its writes reached the disk.
+def cpu_seconds() -> float:
+    """User + system CPU of this process and its finished children (the worker processes)."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def timed(action) -> tuple[float, float, float]:
+    """Wall seconds of ``action()`` into the page cache, wall seconds until its writes reached
+    the disk, and the CPU seconds it used.
 
     Dirty pages of the previous run are flushed first, so one run's writeback never slows the
     next; the second figure adds a final ``sync``.
     """
     os.sync()
+    cpu = cpu_seconds()
     started = time.perf_counter()
     action()
     cached = time.perf_counter() - started
+    cpu = cpu_seconds() - cpu
     os.sync()
-    return cached, time.perf_counter() - started
+    return cached, time.perf_counter() - started, cpu
 
 
 def copy_all(root: Path, files: list[Path], dest: Path) -> None:
@@ -191,6 +202,12 @@ def main() -> None:
             f"{index.total_frames / convert_s:.0f} frames/s, process start-up included)"
         )
         print(f"  ratio:    {copy_s / convert_s:.2f}  (convert / copy throughput; target >= 0.5)")
+    copy_cpu = statistics.median(t[2] for t in copies)
+    convert_cpu = statistics.median(t[2] for t in converts)
+    print(
+        f"[CPU] copy {copy_cpu:.2f} s ({nbytes / MB / copy_cpu:.0f} MB per CPU-second), "
+        f"convert {convert_cpu:.2f} s ({nbytes / MB / convert_cpu:.0f} MB per CPU-second)"
+    )
 
 
 if __name__ == "__main__":

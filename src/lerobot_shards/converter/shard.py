@@ -39,6 +39,9 @@ TAR_MTIME = 0
 TMP_SUFFIX = ".tmp"
 
 
+_PIECE = 1 << 20
+
+
 class _HashingWriter:
     """A write-only file that hashes and counts what passes through it."""
 
@@ -47,13 +50,14 @@ class _HashingWriter:
         self.hash = hashlib.new(CHECKSUM_ALGO)
         self.size = 0
 
-    def write(self, data: bytes) -> int:
-        self.hash.update(data)
-        self.size += len(data)
-        return self.raw.write(data)
-
-    def flush(self) -> None:
-        self.raw.flush()
+    def write(self, data: bytes) -> None:
+        # Hash and write piece by piece, so each piece is still in the CPU cache for the write.
+        view = memoryview(data)
+        for start in range(0, len(view), _PIECE):
+            piece = view[start : start + _PIECE]
+            self.hash.update(piece)
+            self.raw.write(piece)
+        self.size += len(view)
 
 
 def episode_members(
