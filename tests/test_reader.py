@@ -22,6 +22,7 @@ from lerobot_shards.format import (
     checksum,
     manifest_rows,
     read_manifest,
+    shard_path,
     video_member,
     write_manifest,
 )
@@ -237,6 +238,19 @@ def test_ranks_split_disjointly_with_equal_lengths(av1, monkeypatch, world_size)
     assert sum(paddings) == world_size * -(-FRAMES // world_size) - FRAMES
 
 
+def test_no_padding_for_evaluation(av1, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    streams = []
+    for rank in range(3):
+        monkeypatch.setenv("RANK", str(rank))
+        ds = ShardedLeRobotDataset(av1, pad=False, shuffle=False)
+        streams.append(indices(ds))
+        assert len(ds) == len(streams[-1]) and ds.padding == 0
+    # Contiguous ranges of the global order, sizes differing by at most one.
+    assert streams[0] + streams[1] + streams[2] == list(range(FRAMES))
+    assert [len(s) for s in streams] == [25, 25, 24]
+
+
 @pytest.mark.parametrize("num_workers", [2, 3])
 def test_dataloader_workers_split_disjointly(av1, num_workers):
     ds = ShardedLeRobotDataset(av1)
@@ -357,19 +371,6 @@ def test_resume_direct(av1):
     # The next iteration after a resumed one is the next epoch, whole.
     ds.set_epoch(1)
     assert sorted(indices(ds)) == list(range(FRAMES))
-
-
-def test_resume_fetches_nothing_skipped(av1):
-    ds = ShardedLeRobotDataset(av1, buffer_size=2)
-    full = list(ds)
-    ds = ShardedLeRobotDataset(av1, buffer_size=2)
-    loaded = []
-    original = ds._load
-    ds._load = lambda piece: loaded.append(piece.episode) or original(piece)
-    ds.load_state_dict({"epoch": 0, "offset": 40, "batch_size": 1})
-    rest = list(ds)
-    assert indices(rest) == indices(full)[40:]
-    assert sorted(loaded) == sorted({int(item["episode_index"]) for item in rest})
 
 
 def test_resume_from_state_dict_mid_epoch(av1):
@@ -497,3 +498,46 @@ def test_one_optimizer_step(av1):
     optimizer.step()
     assert torch.isfinite(loss)
     assert all(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+# ------------------------------------------------------------------ object store
+
+
+@pytest.fixture
+def s3_av1(s3_bucket, av1) -> str:
+    """The converted golden dataset uploaded to a fresh bucket; returns its URL."""
+    fs = s3_bucket.server.direct_filesystem
+    for path in sorted(av1.rglob("*")):
+        if path.is_file() and ".convert" not in path.parts:
+            fs.pipe_file(
+                f"{s3_bucket.name}/av1/{path.relative_to(av1).as_posix()}", path.read_bytes()
+            )
+    s3_bucket.proxy.clear()
+    return s3_bucket.url("av1")
+
+
+def test_s3_with_dataloader_workers(s3_av1, s3_bucket, av1):
+    """Workers forked from a process that opened s3 make their own client and stream alike."""
+
+    def run(root, **kw):
+        ds = ShardedLeRobotDataset(root, buffer_size=3, **kw)
+        return flat_indices(DataLoader(ds, batch_size=4, num_workers=2))
+
+    assert run(s3_av1, storage_options=s3_bucket.storage_options) == run(av1)
+
+
+def test_resume_fetches_nothing_skipped(s3_av1, s3_bucket):
+    def dataset():
+        return ShardedLeRobotDataset(
+            s3_av1, buffer_size=2, storage_options=s3_bucket.storage_options
+        )
+
+    full = list(dataset())
+    ds = dataset()
+    ds.load_state_dict({"epoch": 0, "offset": 40, "batch_size": 1})
+    s3_bucket.proxy.clear()
+    rest = list(ds)
+    assert indices(rest) == indices(full)[40:]
+    fetched = [r.path for r in s3_bucket.proxy.requests("GET", path_contains="/shards/")]
+    wanted = {int(item["episode_index"]) for item in rest}
+    assert sorted(fetched) == sorted(f"/{s3_bucket.name}/av1/{shard_path(e)}" for e in wanted)

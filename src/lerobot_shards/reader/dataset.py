@@ -174,7 +174,9 @@ class ShardedLeRobotDataset(IterableDataset):
             raise ValueError(f"buffer_size must be at least 1, got {buffer_size}")
         check_backend(video_backend)
         self.root = str(root)
-        self.fs, self._path = fsspec.core.url_to_fs(self.root, **(storage_options or {}))
+        self._storage_options = dict(storage_options or {})
+        self._fs, self._path = fsspec.core.url_to_fs(self.root, **self._storage_options)
+        self._fs_pid = os.getpid()
         index = read_index(self.fs, self._path)
         self.meta = self._read_meta(index)
         self._read_manifest(episodes)
@@ -204,6 +206,15 @@ class ShardedLeRobotDataset(IterableDataset):
         self._resume_pending = False
         self._cursor: _Cursor | None = None
         self._stats = {"peak_fetched_bytes": 0, "peak_resident_memory": 0}
+
+    @property
+    def fs(self) -> fsspec.AbstractFileSystem:
+        """The filesystem, made anew in each process: async ones (s3, gcs, http) hold an event
+        loop that does not survive a fork into DataLoader workers."""
+        if self._fs_pid != os.getpid():
+            self._fs = fsspec.core.url_to_fs(self.root, **self._storage_options)[0]
+            self._fs_pid = os.getpid()
+        return self._fs
 
     # ------------------------------------------------------------------ metadata
 
@@ -395,10 +406,13 @@ class ShardedLeRobotDataset(IterableDataset):
         resume = self._resume_worker
         self._resume_worker = None
         self._resume_pending = False
-        if resume is not None and (resume["worker_id"], resume["num_workers"]) == (
-            worker,
-            workers,
-        ):
+        if resume is not None:
+            if (resume["worker_id"], resume["num_workers"]) != (worker, workers):
+                raise ValueError(
+                    f"this state is DataLoader worker {resume['worker_id']}'s of "
+                    f"{resume['num_workers']}, loaded into worker {worker} of {workers}: load a "
+                    "StatefulDataLoader's state into a loader with the same num_workers"
+                )
             role, taken = int(resume["role"]), offset
         elif workers == 1:
             role, taken = 0, offset
@@ -461,9 +475,11 @@ class ShardedLeRobotDataset(IterableDataset):
             epoch, piece = key
             return int(self._sizes[self._row_of[int(pieces_of[epoch].episodes[piece])]])
 
+        fs = self.fs  # resolved here, in the iterating process, not in the fetch threads
+
         def load(key: tuple[int, int]) -> Episode:
             epoch, piece = key
-            return self._load(pieces_of[epoch][piece])
+            return self._load(pieces_of[epoch][piece], fs)
 
         prefetcher = Prefetcher(
             load,
@@ -493,12 +509,15 @@ class ShardedLeRobotDataset(IterableDataset):
                 )
             else:
                 memory -= resident.pop((epoch, event.piece)).nbytes
+        self._stats["peak_fetched_bytes"] = max(
+            self._stats["peak_fetched_bytes"], prefetcher.peak_bytes
+        )
 
     def _piece_bytes(self, pieces) -> np.ndarray:
         rows = np.fromiter((self._row_of[int(e)] for e in pieces.episodes), np.int64)
         return self._sizes[rows]
 
-    def _load(self, piece) -> Episode:
+    def _load(self, piece, fs: fsspec.AbstractFileSystem) -> Episode:
         """Fetch, verify and decode one piece's episode (runs in the prefetch threads)."""
         row = self._row_of[piece.episode]
         shard = self._shards[row]
@@ -509,7 +528,7 @@ class ShardedLeRobotDataset(IterableDataset):
             int(self._sizes[row]),
             self._checksums[row],
         )
-        data = read_span(self.fs, span, retries=self.fetch_retries)
+        data = read_span(fs, span, retries=self.fetch_retries)
         base = int(self._offsets[row])
         members = {
             m["name"]: (m["offset"] - base, m["size"])
