@@ -1,0 +1,92 @@
+"""Real distributed runs: ``torchrun --standalone --nproc_per_node=2`` (gloo, CPU) on scripts
+that stream the dataset with DataLoader workers, as a multi-GPU job would.
+
+The golden dataset has 74 frames: over 2 ranks x 2 workers (4 parts) that is not a whole
+number per part, so the ranks must pad to equal lengths, and a DDP loop only ends if every rank
+takes the same number of steps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import lerobot_shards
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+SCRIPTS = Path(__file__).parent / "dist_scripts"
+AV1 = "av1_multifile"
+FRAMES = 74
+RANKS = 2
+WORKERS = 2
+
+
+@pytest.fixture(scope="module")
+def av1(golden_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    dest = tmp_path_factory.mktemp("shards") / AV1
+    lerobot_shards.convert(str(golden_dir / AV1), str(dest), workers=0, progress=False)
+    return dest
+
+
+def torchrun(script: str, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    """Run ``script`` under the venv's torchrun; on timeout kill the whole process group (the
+    launcher and every rank and worker) and fail with what they printed."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={RANKS}",
+        str(SCRIPTS / script),
+        *args,
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, env=env
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"{script} hung for {timeout} s\n{out.decode()}\n{err.decode()}")
+    result = subprocess.CompletedProcess(cmd, proc.returncode, out.decode(), err.decode())
+    assert result.returncode == 0, f"{script} failed\n{result.stdout}\n{result.stderr}"
+    return result
+
+
+def test_ranks_stream_disjoint_complete_equal_parts(av1: Path, tmp_path: Path) -> None:
+    out = tmp_path / "stream.json"
+    torchrun("stream_epoch.py", str(av1), str(out))
+    result = json.loads(out.read_text())
+    assert (result["world_size"], result["num_frames"]) == (RANKS, FRAMES)
+    ranks = sorted(result["ranks"], key=lambda r: r["rank"])
+    per_rank = [r["indices"] for r in ranks]
+    lengths = {len(i) for i in per_rank}
+    assert lengths == {-(-FRAMES // (RANKS * WORKERS)) * WORKERS}, lengths  # 19 per part
+    assert not set(per_rank[0]) & set(per_rank[1])
+    assert set(per_rank[0]) | set(per_rank[1]) == set(range(FRAMES))
+    padding = sum(len(i) for i in per_rank) - FRAMES
+    assert padding == sum(r["padding"] for r in ranks) == 2
+    for rank, indices in zip(ranks, per_rank, strict=True):
+        # Padding repeats a rank's own frames; nothing else repeats.
+        assert len(indices) - len(set(indices)) == rank["padding"]
+
+
+def test_ddp_epoch_ends_on_every_rank(av1: Path, tmp_path: Path) -> None:
+    out = tmp_path / "ddp.json"
+    torchrun("ddp_train.py", str(av1), str(out))
+    result = json.loads(out.read_text())
+    assert result["num_frames"] == FRAMES
+    steps = {r["steps"] for r in result["ranks"]}
+    samples = [r["samples"] for r in result["ranks"]]
+    assert steps == {2 * 5}, steps  # each worker: 19 samples, batches of 4 -> 5 batches
+    assert sum(samples) == FRAMES + 2
+    assert result["same_weights"], "DDP ranks ended with different weights"
