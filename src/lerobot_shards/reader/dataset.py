@@ -53,7 +53,7 @@ from lerobot_shards.format import (
 )
 from lerobot_shards.items import ItemSpec, delta_indices
 from lerobot_shards.reader.decode import check_backend
-from lerobot_shards.reader.episode import Episode, load_episode
+from lerobot_shards.reader.episode import Episode, load_episode, needed_range
 from lerobot_shards.reader.fetch import ADMIT, EVICT, Prefetcher, Span, read_span
 from lerobot_shards.reader.partition import part_index, samples_per_part, split_parts
 from lerobot_shards.reader.plan import Admit, Draw, Evict, check_budget, plan_part
@@ -136,8 +136,10 @@ class ShardedLeRobotDataset(IterableDataset):
     once per epoch over all ranks and workers, items equal to ``LeRobotSource[i]``.
 
     ``root`` is a local path or fsspec URL of a converted dataset. ``episodes`` selects episode
-    indices. At most ``buffer_size`` episodes and ``byte_budget_gb`` (10**9 bytes, of fetched
-    episode bytes, resident plus prefetched) are held. ``repeat=True`` streams epoch after
+    indices. At most ``buffer_size`` episodes and ``byte_budget_gb`` (10**9 bytes) are held,
+    resident plus prefetched; an episode's bytes are what it costs in memory: its fetched bytes
+    plus its decoded uint8 frames (decode.py decodes an admitted episode once, whole), so the
+    budget bounds the pool's RAM. ``repeat=True`` streams epoch after
     epoch. ``delta_timestamps``, ``tolerance_s``, ``image_transforms``, ``return_uint8`` and
     ``video_backend`` shape items as in LeRobot. ``pad=False`` turns off the padding that gives
     every rank and worker the same number of samples (for evaluation).
@@ -184,7 +186,6 @@ class ShardedLeRobotDataset(IterableDataset):
         self.seed = int(seed)
         self.buffer_size = int(buffer_size)
         self.byte_budget = None if byte_budget_gb is None else int(byte_budget_gb * GB)
-        check_budget(self._sizes, self.byte_budget, self._episodes)
         self.repeat = repeat
         self.pad = pad
         self.video_backend = video_backend
@@ -198,6 +199,11 @@ class ShardedLeRobotDataset(IterableDataset):
             return_uint8=return_uint8,
             image_transforms=image_transforms,
         )
+        self._frame_bytes = {
+            key: int(np.prod(self.meta.features[key]["shape"])) for key in self.spec.video_keys
+        }
+        whole = [(int(e), 0, int(n)) for e, n in zip(self._episodes, self._lengths, strict=True)]
+        check_budget([self._cost(*p) for p in whole], self.byte_budget, self._episodes)
         self.num_workers = 0
         self._next = (0, 0)  # (epoch, offset) the next iteration starts at
         self._current = (0, 0)  # where the current (or last) iteration started
@@ -205,7 +211,7 @@ class ShardedLeRobotDataset(IterableDataset):
         self._resume_worker: dict | None = None
         self._resume_pending = False
         self._cursor: _Cursor | None = None
-        self._stats = {"peak_fetched_bytes": 0, "peak_resident_memory": 0}
+        self._stats = {"peak_budget_bytes": 0, "peak_resident_memory": 0}
 
     @property
     def fs(self) -> fsspec.AbstractFileSystem:
@@ -337,8 +343,9 @@ class ShardedLeRobotDataset(IterableDataset):
         return len(self) - sum(real[p] for p in parts)
 
     def memory_stats(self) -> dict[str, int]:
-        """Peaks seen by this process's iterations: fetched bytes (resident plus in flight, what
-        the byte budget bounds) and resident memory (fetched plus decoded frames)."""
+        """Peaks seen by this process's iterations: ``peak_budget_bytes``, the resident plus
+        prefetched pieces' cost as the byte budget counts it, and ``peak_resident_memory``, the
+        admitted episodes' fetched bytes plus decoded frames as actually held."""
         return dict(self._stats)
 
     # ------------------------------------------------------------------ epochs and state
@@ -473,7 +480,8 @@ class ShardedLeRobotDataset(IterableDataset):
 
         def size(key: tuple[int, int]) -> int:
             epoch, piece = key
-            return int(self._sizes[self._row_of[int(pieces_of[epoch].episodes[piece])]])
+            p = pieces_of[epoch][piece]
+            return self._cost(p.episode, p.start, p.stop)
 
         fs = self.fs  # resolved here, in the iterating process, not in the fetch threads
 
@@ -504,18 +512,26 @@ class ShardedLeRobotDataset(IterableDataset):
                 memory += value.nbytes
                 stats = self._stats
                 stats["peak_resident_memory"] = max(stats["peak_resident_memory"], memory)
-                stats["peak_fetched_bytes"] = max(
-                    stats["peak_fetched_bytes"], prefetcher.peak_bytes
-                )
+                stats["peak_budget_bytes"] = max(stats["peak_budget_bytes"], prefetcher.peak_bytes)
             else:
                 memory -= resident.pop((epoch, event.piece)).nbytes
-        self._stats["peak_fetched_bytes"] = max(
-            self._stats["peak_fetched_bytes"], prefetcher.peak_bytes
+        self._stats["peak_budget_bytes"] = max(
+            self._stats["peak_budget_bytes"], prefetcher.peak_bytes
         )
 
-    def _piece_bytes(self, pieces) -> np.ndarray:
-        rows = np.fromiter((self._row_of[int(e)] for e in pieces.episodes), np.int64)
-        return self._sizes[rows]
+    def _piece_bytes(self, pieces) -> list[int]:
+        return [self._cost(p.episode, p.start, p.stop) for p in pieces]
+
+    def _cost(self, episode: int, start: int, stop: int) -> int:
+        """What a piece holds in memory while resident: its episode's fetched bytes plus the
+        decoded uint8 frames of the rows it draws (widened by the delta offsets)."""
+        row = self._row_of[episode]
+        length = int(self._lengths[row])
+        decoded = 0
+        for key, frame_bytes in self._frame_bytes.items():
+            lo, hi = needed_range(self.spec, key, start, stop, length)
+            decoded += (hi - lo) * frame_bytes
+        return int(self._sizes[row]) + decoded
 
     def _load(self, piece, fs: fsspec.AbstractFileSystem) -> Episode:
         """Fetch, verify and decode one piece's episode (runs in the prefetch threads)."""

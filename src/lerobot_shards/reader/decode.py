@@ -8,11 +8,12 @@ is as likely behind it as ahead). So the episode's frames are decoded in one seq
 prefetch thread pool, and kept as one contiguous uint8 tensor until the episode is evicted;
 every draw is then an index. Only the frames a piece needs (its range widened by the
 ``delta_timestamps`` offsets) are converted to RGB and kept; all frames are decoded so that the
-frame count can be checked against the episode length. The decoded bytes are counted in the
-reader's memory report (``Episode.nbytes``). Measured on a 60-frame 480x640 AV1 episode,
-one decoder kept open and sought per random draw versus this one pass: 31 vs 13.5 ms per frame
-at GOP 2 (LeRobot's default), 47.5 vs 7.2 ms at GOP 30; the cost is memory, 0.9 MB per
-480x640 frame while the episode is resident (bounded by ``buffer_size``).
+frame count can be checked against the episode length. The decoded bytes count against the
+reader's byte budget and in its memory report (``Episode.nbytes``). Measured on a 60-frame
+480x640 AV1 episode, one decoder kept open and sought per random draw versus this one pass: 31
+vs 13.5 ms per frame at GOP 2 (LeRobot's default), 47.5 vs 7.2 ms at GOP 30; the cost is
+memory, 0.9 MB per 480x640 frame while the episode is resident (bounded by ``buffer_size`` and
+``byte_budget_gb``).
 
 Pixel values: PyAV converts each frame to rgb24 with swscale's defaults, which is what LeRobot's
 pyav backend returns, bit for bit.
