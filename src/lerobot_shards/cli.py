@@ -107,5 +107,19 @@ def verify(root: str, deep: bool) -> None:
     click.echo(f"{root}: ok")
 
 
+@main.command()
+@click.option("--workdir", default="demo-output", show_default=True, help="Recreated folder.")
+@click.option("--workers", default=2, show_default=True, help="Converter and DataLoader workers.")
+@click.option("--batch-size", default=8, show_default=True)
+def demo(workdir: str, workers: int, batch_size: int) -> None:
+    """Make a sample LeRobot dataset, convert it, and train one epoch from the stream."""
+    from lerobot_shards.demo import format_report, run_demo
+
+    report = run_demo(workdir, workers=workers, batch_size=batch_size)
+    click.echo(format_report(report))
+    if report.distinct_seen != report.frames:
+        sys.exit(1)
+
+
 if __name__ == "__main__":
     main()
