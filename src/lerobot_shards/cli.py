@@ -108,6 +108,87 @@ def verify(root: str, deep: bool) -> None:
 
 
 @main.command()
+@click.argument("root")
+@click.option(
+    "--workers",
+    type=click.IntRange(min=0),
+    default=2,
+    show_default=True,
+    help="DataLoader worker processes.",
+)
+@click.option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option(
+    "--seconds",
+    type=click.FloatRange(min=0, min_open=True),
+    help="Stop after this long (default: run --epochs).",
+)
+@click.option(
+    "--epochs",
+    type=click.IntRange(min=1),
+    help="Epochs to stream (default 1; with --seconds, as many as fit).",
+)
+@click.option(
+    "--buffer-size",
+    type=click.IntRange(min=1),
+    default=64,
+    show_default=True,
+    help="Episodes resident in each worker's pool.",
+)
+@click.option(
+    "--byte-budget-gb",
+    type=click.FloatRange(min=0, min_open=True),
+    help="Bytes resident per worker, fetched plus decoded (default: no limit).",
+)
+@click.option(
+    "--uint8/--float",
+    "uint8",
+    default=True,
+    show_default=True,
+    help="Camera frames as uint8, or float32 in [0, 1] as LeRobot returns them.",
+)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0),
+    default=5.0,
+    show_default=True,
+    help="Seconds between progress lines.",
+)
+def stream(
+    root: str, workers: int, batch_size: int, seconds: float | None, epochs: int | None,
+    buffer_size: int, byte_budget_gb: float | None, uint8: bool, seed: int, interval: float,
+) -> None:  # fmt: skip
+    """Stream the converted dataset at ROOT through a DataLoader and print what it delivers:
+    samples/s, camera frames/s, shard MB/s and the epoch's coverage so far."""
+    from lerobot_shards.format import FormatError
+    from lerobot_shards.reader.throughput import stream as run_stream
+
+    try:
+        stats = run_stream(
+            root,
+            workers=workers,
+            batch_size=batch_size,
+            seconds=seconds,
+            epochs=epochs,
+            buffer_size=buffer_size,
+            byte_budget_gb=byte_budget_gb,
+            return_uint8=uint8,
+            seed=seed,
+            report=lambda s: click.echo(s.line()),
+            interval_s=interval,
+        )
+    except (FormatError, FileNotFoundError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    finished = ", ".join(f"{100 * c:.1f}%" for c in stats.epoch_coverage) or "none"
+    click.echo(
+        f"done: {stats.samples} samples in {stats.elapsed_s:.1f} s (first batch after "
+        f"{stats.first_batch_s:.2f} s); {stats.samples_per_s:.1f} samples/s, "
+        f"{stats.camera_frames_per_s:.1f} camera frames/s, {stats.bytes_per_s / 1e6:.2f} MB/s "
+        f"after the first batch; coverage of finished epochs: {finished}"
+    )
+
+
+@main.command()
 @click.option("--workdir", default="demo-output", show_default=True, help="Recreated folder.")
 @click.option("--workers", default=2, show_default=True, help="Converter and DataLoader workers.")
 @click.option("--batch-size", default=8, show_default=True)

@@ -1,0 +1,235 @@
+"""What a DataLoader over a converted dataset delivers: samples/s, camera frames/s, bytes/s and
+coverage, measured the way a training loop consumes the stream.
+
+Used by ``lerobot-shards stream``, the demo and ``scripts/bench_read.py``. The counting happens
+in the consuming process, from the batches alone:
+
+- samples and camera frames are counted from the batch tensors;
+- coverage is the distinct global ``index`` values seen in the current epoch over the frames
+  this rank yields per epoch (padding repeats count once), so a finished epoch reads 100%;
+- shard bytes are counted when the first sample of an episode piece arrives: each piece (a
+  frame range of one episode in one part, ``partition.split_parts``) is fetched once per epoch by
+  one ranged read of its whole episode, and the pieces of an epoch are disjoint frame ranges,
+  so a sample's global index says which piece it came from. Bytes prefetched for pieces whose
+  samples have not arrived yet are not counted.
+
+Rates are measured after ``warmup_batches`` batches, so worker start-up and the first fetches
+do not dilute them; ``first_batch_s`` reports that start-up separately.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+
+import fsspec
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from lerobot_shards.format import MANIFEST_FILE, join, read_manifest
+from lerobot_shards.reader.dataset import ShardedLeRobotDataset, rank_and_world_size
+from lerobot_shards.reader.partition import split_parts
+
+
+@dataclass
+class StreamStats:
+    """Counts of one streaming run; the rates cover the measured window (after warm-up)."""
+
+    samples: int = 0
+    batches: int = 0
+    camera_frames: int = 0
+    bytes_fetched: int = 0
+    elapsed_s: float = 0.0
+    """Seconds since the dataset's construction began."""
+    first_batch_s: float = math.nan
+    """Seconds from the dataset's construction to the first batch."""
+    window_s: float = 0.0
+    window_samples: int = 0
+    window_camera_frames: int = 0
+    window_bytes: int = 0
+    epoch: int = 0
+    """The epoch being streamed (or the last one, once finished)."""
+    seen: int = 0
+    """Distinct global indices seen in ``epoch``."""
+    epoch_frames: int = 0
+    """Frames this rank yields per epoch (its samples minus padding)."""
+    epoch_coverage: list[float] = field(default_factory=list)
+    """Coverage of every finished epoch."""
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.window_samples / self.window_s if self.window_s > 0 else math.nan
+
+    @property
+    def camera_frames_per_s(self) -> float:
+        return self.window_camera_frames / self.window_s if self.window_s > 0 else math.nan
+
+    @property
+    def bytes_per_s(self) -> float:
+        return self.window_bytes / self.window_s if self.window_s > 0 else math.nan
+
+    @property
+    def coverage(self) -> float:
+        """Distinct indices seen in the current epoch / frames in this rank's epoch."""
+        return self.seen / self.epoch_frames if self.epoch_frames else math.nan
+
+    def line(self) -> str:
+        """One human-readable progress line."""
+        return (
+            f"{self.elapsed_s:7.1f} s  {self.samples_per_s:8.1f} samples/s  "
+            f"{self.camera_frames_per_s:8.1f} camera frames/s  "
+            f"{self.bytes_per_s / 1e6:7.2f} MB/s  epoch {self.epoch} coverage "
+            f"{self.seen}/{self.epoch_frames} ({100 * self.coverage:.1f}%)  "
+            f"[{self.samples} samples, first batch after {self.first_batch_s:.2f} s]"
+        )
+
+
+class _FetchCounter:
+    """Shard bytes behind the samples seen: an episode's bytes once per piece per epoch."""
+
+    def __init__(
+        self, ds: ShardedLeRobotDataset, num_parts: int, storage_options: dict | None
+    ) -> None:
+        fs, path = fsspec.core.url_to_fs(ds.root, **(storage_options or {}))
+        table = read_manifest(fs, join(path, MANIFEST_FILE))
+        table = table.filter(np.isin(table.column("episode_index").to_numpy(), ds.episodes))
+        self._episodes = table.column("episode_index").to_numpy()
+        self._lengths = table.column("length").to_numpy()
+        self._row = {int(e): i for i, e in enumerate(self._episodes.tolist())}
+        self._from = table.column("dataset_from_index").to_numpy()
+        self._sizes = table.column("size").to_numpy()
+        self._ds = ds
+        self._num_parts = num_parts
+
+    def start_epoch(self, epoch: int) -> None:
+        parts = split_parts(
+            self._episodes,
+            self._lengths,
+            self._num_parts,
+            seed=self._ds.seed,
+            epoch=epoch,
+            shuffle=self._ds.shuffle,
+        )
+        rows = np.concatenate([[self._row[int(e)] for e in p.episodes] for p in parts]).astype(int)
+        starts = np.concatenate([p.starts for p in parts]) + self._from[rows]
+        order = np.argsort(starts)
+        self._starts = starts[order]
+        self._bytes = self._sizes[rows][order]
+        self._fetched = np.zeros(len(order), dtype=bool)
+
+    def see(self, indices: np.ndarray) -> int:
+        """Bytes of the pieces whose first sample is among ``indices``."""
+        pieces = np.unique(np.searchsorted(self._starts, indices, side="right") - 1)
+        new = pieces[~self._fetched[pieces]]
+        self._fetched[new] = True
+        return int(self._bytes[new].sum())
+
+
+def _one_intra_op_thread(worker_id: int) -> None:
+    """DataLoader workers collate on one thread: with several workers on few cores, torch's
+    intra-op threads only fight the decoder threads and each other."""
+    torch.set_num_threads(1)
+
+
+def stream(
+    root: str,
+    *,
+    workers: int = 2,
+    batch_size: int = 8,
+    seconds: float | None = None,
+    epochs: int | None = None,
+    buffer_size: int = 64,
+    byte_budget_gb: float | None = None,
+    return_uint8: bool = True,
+    shuffle: bool = True,
+    seed: int = 0,
+    warmup_batches: int = 1,
+    storage_options: dict | None = None,
+    dataset_options: Mapping | None = None,
+    report: Callable[[StreamStats], None] | None = None,
+    interval_s: float = 5.0,
+) -> StreamStats:
+    """Stream ``root`` through a ``DataLoader`` and return what it delivered.
+
+    Runs ``epochs`` epochs (default 1), or until ``seconds`` have passed (with ``seconds`` and
+    no ``epochs``: as many epochs as fit), whichever comes first. DataLoader workers are
+    persistent, so each epoch sees a new order, and collate on one intra-op thread each.
+    ``report(stats)`` is called every ``interval_s`` seconds and at the end of every epoch.
+    ``dataset_options`` go to ``ShardedLeRobotDataset`` as further keyword arguments.
+    """
+    if epochs is None:
+        epochs = 1 if seconds is None else None
+    started = time.perf_counter()
+    deadline = math.inf if seconds is None else started + seconds
+    ds = ShardedLeRobotDataset(
+        root,
+        shuffle=shuffle,
+        seed=seed,
+        buffer_size=buffer_size,
+        byte_budget_gb=byte_budget_gb,
+        return_uint8=return_uint8,
+        storage_options=storage_options,
+        **dict(dataset_options or {}),
+    )
+    ds.num_workers = workers
+    _, world = rank_and_world_size()
+    counter = _FetchCounter(ds, world * max(1, workers), storage_options)
+    shape = {key: int(np.prod(ds.meta.features[key]["shape"])) for key in ds.meta.camera_keys}
+    loader = DataLoader(
+        ds,
+        batch_size=batch_size,
+        num_workers=workers,
+        persistent_workers=workers > 0,
+        worker_init_fn=_one_intra_op_thread if workers > 0 else None,
+    )
+    stats = StreamStats(epoch_frames=len(ds) - ds.padding)
+    seen = np.zeros(ds.meta.total_frames, dtype=bool)
+    window_start = started if warmup_batches <= 0 else None
+    last_report = started
+    epoch = 0
+    try:
+        while epochs is None or epoch < epochs:
+            stats.epoch, stats.seen = epoch, 0
+            seen[:] = False
+            counter.start_epoch(epoch)
+            for batch in loader:
+                now = time.perf_counter()
+                indices = batch["index"].numpy().reshape(-1)
+                n = len(indices)
+                frames = sum(batch[key].numel() // shape[key] for key in shape)
+                fetched = counter.see(indices)
+                seen[indices] = True
+                stats.samples += n
+                stats.batches += 1
+                stats.camera_frames += frames
+                stats.bytes_fetched += fetched
+                stats.seen = int(seen.sum())
+                stats.elapsed_s = now - started
+                if stats.batches == 1:
+                    stats.first_batch_s = stats.elapsed_s
+                if window_start is not None:
+                    stats.window_samples += n
+                    stats.window_camera_frames += frames
+                    stats.window_bytes += fetched
+                    stats.window_s = now - window_start
+                elif stats.batches >= warmup_batches:
+                    window_start = now
+                if report is not None and now - last_report >= interval_s:
+                    report(replace(stats, epoch_coverage=list(stats.epoch_coverage)))
+                    last_report = now
+                if now >= deadline:
+                    break
+            else:
+                stats.epoch_coverage.append(stats.coverage)
+                if report is not None:
+                    report(replace(stats, epoch_coverage=list(stats.epoch_coverage)))
+                    last_report = time.perf_counter()
+                epoch += 1
+                continue
+            break
+    finally:
+        del loader  # shuts the persistent workers down
+    return stats
