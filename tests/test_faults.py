@@ -208,15 +208,7 @@ def _assert_same_items(got: list[dict], want: list[dict]) -> None:
                 assert a[key] == value, (int(b["index"]), key)
 
 
-# Forked DataLoader workers inherit the parent's s3fs instance, whose event loop belongs to the
-# parent; fsspec refuses it ("This class is not fork-safe"). The reader must make a fresh
-# filesystem in each worker (fsspec clears its instance cache after a fork, so calling
-# url_to_fs again there is enough).
-FORK_XFAIL = pytest.mark.xfail(
-    strict=True,
-    reason="reader: the parent's s3fs instance is used in forked DataLoader workers",
-)
-WORKERS = [0, pytest.param(2, marks=FORK_XFAIL)]
+WORKERS = [0, 2]  # direct iteration, and a DataLoader with forked workers
 
 
 @pytest.mark.parametrize("num_workers", WORKERS)
