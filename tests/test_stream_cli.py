@@ -68,6 +68,13 @@ def test_two_workers_two_epochs_cover_each_epoch_and_fetch_cut_episodes_per_piec
     assert stats.window_samples == stats.samples - 5  # the first batch is the warm-up
 
 
+def test_warmup_epochs_time_whole_epochs(converted: Path):
+    stats = stream(str(converted), workers=0, batch_size=8, epochs=3, warmup_epochs=1)
+    assert stats.epoch_coverage == [1.0, 1.0, 1.0]
+    assert stats.window_samples == 2 * FRAMES
+    assert 0 < stats.window_s < stats.elapsed_s - stats.first_batch_s
+
+
 def test_seconds_stop_the_stream_early(converted: Path):
     stats = stream(str(converted), workers=0, batch_size=1, seconds=1e-6, epochs=3)
     assert stats.batches == 1 and stats.epoch_coverage == []

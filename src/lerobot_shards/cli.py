@@ -184,7 +184,8 @@ def stream(
         f"done: {stats.samples} samples in {stats.elapsed_s:.1f} s (first batch after "
         f"{stats.first_batch_s:.2f} s); {stats.samples_per_s:.1f} samples/s, "
         f"{stats.camera_frames_per_s:.1f} camera frames/s, {stats.bytes_per_s / 1e6:.2f} MB/s "
-        f"after the first batch; coverage of finished epochs: {finished}"
+        f"after the first batch ({stats.overall_samples_per_s:.1f} samples/s overall); "
+        f"coverage of finished epochs: {finished}"
     )
 
 

@@ -72,6 +72,11 @@ class StreamStats:
         return self.window_bytes / self.window_s if self.window_s > 0 else math.nan
 
     @property
+    def overall_samples_per_s(self) -> float:
+        """Every sample over every second since construction: start-up and warm-up included."""
+        return self.samples / self.elapsed_s if self.elapsed_s > 0 else math.nan
+
+    @property
     def coverage(self) -> float:
         """Distinct indices seen in the current epoch / frames in this rank's epoch."""
         return self.seen / self.epoch_frames if self.epoch_frames else math.nan
@@ -147,6 +152,7 @@ def stream(
     shuffle: bool = True,
     seed: int = 0,
     warmup_batches: int = 1,
+    warmup_epochs: int = 0,
     storage_options: dict | None = None,
     dataset_options: Mapping | None = None,
     report: Callable[[StreamStats], None] | None = None,
@@ -159,6 +165,11 @@ def stream(
     persistent, so each epoch sees a new order, and collate on one intra-op thread each.
     ``report(stats)`` is called every ``interval_s`` seconds and at the end of every epoch.
     ``dataset_options`` go to ``ShardedLeRobotDataset`` as further keyword arguments.
+
+    The rates cover what follows ``warmup_batches`` batches, or, with ``warmup_epochs``, whole
+    epochs from the start of epoch ``warmup_epochs`` (with persistent workers already running):
+    an episode is decoded on admission, so with a pool as large as the dataset an epoch's
+    decoding all comes before its first batch, and only whole epochs weigh it fairly.
     """
     if epochs is None:
         epochs = 1 if seconds is None else None
@@ -187,7 +198,7 @@ def stream(
     )
     stats = StreamStats(epoch_frames=len(ds) - ds.padding)
     seen = np.zeros(ds.meta.total_frames, dtype=bool)
-    window_start = started if warmup_batches <= 0 else None
+    window_start = started if warmup_batches <= 0 and warmup_epochs <= 0 else None
     last_report = started
     epoch = 0
     try:
@@ -195,6 +206,8 @@ def stream(
             stats.epoch, stats.seen = epoch, 0
             seen[:] = False
             counter.start_epoch(epoch)
+            if warmup_epochs > 0 and epoch == warmup_epochs:
+                window_start = time.perf_counter()
             for batch in loader:
                 now = time.perf_counter()
                 indices = batch["index"].numpy().reshape(-1)
@@ -215,7 +228,7 @@ def stream(
                     stats.window_camera_frames += frames
                     stats.window_bytes += fetched
                     stats.window_s = now - window_start
-                elif stats.batches >= warmup_batches:
+                elif warmup_epochs <= 0 and stats.batches >= warmup_batches:
                     window_start = now
                 if report is not None and now - last_report >= interval_s:
                     report(replace(stats, epoch_coverage=list(stats.epoch_coverage)))
