@@ -85,11 +85,6 @@ def test_s3_conversion_equals_the_local_one(s3_av1: tuple[S3Bucket, str], local_
     assert fs.exists(f"{root}/{INDEX_FILE}")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="converter/check.py verify_episode calls fs.cat_file(shard, offset, end) "
-    "positionally; s3fs's second parameter is version_id, so the range is wrong on S3",
-)
 def test_verify_a_dataset_on_s3(s3_av1: tuple[S3Bucket, str]) -> None:
     bucket, url = s3_av1
     assert verify_dataset(url, storage_options=bucket.storage_options) == []

@@ -116,7 +116,7 @@ def _percentiles(values: np.ndarray) -> dict[str, int]:
 
 def _read_header(fs: fsspec.AbstractFileSystem, root: str, row: ManifestRow) -> EpisodeHeader:
     member = next(m for m in row.members if m.name == header_member(row.episode_index))
-    data = fs.cat_file(join(root, row.shard), member.offset, member.offset + member.size)
+    data = fs.cat_file(join(root, row.shard), start=member.offset, end=member.offset + member.size)
     return EpisodeHeader.from_json(data, where=f"{row.shard}:{member.name}")
 
 
@@ -165,7 +165,7 @@ def verify_episode(
         return ["shard file missing"]
     if actual < row.offset + row.size:
         return [f"shard is {actual} bytes, the manifest span ends at {row.offset + row.size}"]
-    data = fs.cat_file(shard, row.offset, row.offset + row.size)
+    data = fs.cat_file(shard, start=row.offset, end=row.offset + row.size)
     problems = []
     if checksum(data) != row.checksum:
         problems.append("checksum mismatch: the shard's bytes differ from the manifest")
