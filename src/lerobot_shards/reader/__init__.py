@@ -1,0 +1,1 @@
+"""The streaming reader: plan (pure), fetch, decode and the dataset."""

@@ -1,0 +1,203 @@
+"""Split the selected frames into disjoint parts, one per (rank, DataLoader worker).
+
+Pure and numpy only: the parts are a function of the frame counts, the seed, the epoch and the
+number of parts. Every frame lands in exactly one part and part sizes differ by at most one
+frame, so with padding every part yields the same number of samples and DDP never waits on a
+rank that ran out early.
+
+A part is a sequence of :class:`Piece` (a frame range of one episode). Parts are returned as
+:class:`Pieces`, an array-backed sequence: a million-episode manifest would cost over a second
+as a list of Python objects, and the planner reads the arrays directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import overload
+
+import numpy as np
+
+# Entropy word that keeps the split's random stream apart from every pool's
+# ([seed, epoch] or [seed, epoch, part]); part indices never reach it.
+_SPLIT_STREAM = 0xFFFF_FFFF
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """Frames ``start <= f < stop`` (positions within the episode) of one episode."""
+
+    episode: int
+    start: int
+    stop: int
+
+    @property
+    def count(self) -> int:
+        return self.stop - self.start
+
+
+class Pieces(Sequence[Piece]):
+    """An immutable sequence of pieces stored as three int64 arrays.
+
+    Indexing gives :class:`Piece` objects; ``episodes``, ``starts``, ``stops`` and ``counts``
+    give the arrays. Compares equal to any sequence of the same pieces (a list included).
+    """
+
+    __slots__ = ("episodes", "starts", "stops")
+
+    def __init__(self, episodes: np.ndarray, starts: np.ndarray, stops: np.ndarray) -> None:
+        self.episodes = np.asarray(episodes, dtype=np.int64)
+        self.starts = np.asarray(starts, dtype=np.int64)
+        self.stops = np.asarray(stops, dtype=np.int64)
+        if not (self.episodes.shape == self.starts.shape == self.stops.shape):
+            raise ValueError("episodes, starts and stops must have the same length")
+        if self.episodes.ndim != 1:
+            raise ValueError("episodes, starts and stops must be one-dimensional")
+        if np.any(self.stops < self.starts) or np.any(self.starts < 0):
+            raise ValueError("every piece needs 0 <= start <= stop")
+
+    @classmethod
+    def of(cls, pieces: Sequence[Piece]) -> Pieces:
+        """The same pieces as arrays (a no-op for a :class:`Pieces`)."""
+        if isinstance(pieces, Pieces):
+            return pieces
+        return cls(
+            np.fromiter((p.episode for p in pieces), np.int64, len(pieces)),
+            np.fromiter((p.start for p in pieces), np.int64, len(pieces)),
+            np.fromiter((p.stop for p in pieces), np.int64, len(pieces)),
+        )
+
+    @property
+    def counts(self) -> np.ndarray:
+        return self.stops - self.starts
+
+    def __len__(self) -> int:
+        return len(self.episodes)
+
+    @overload
+    def __getitem__(self, index: int) -> Piece: ...
+    @overload
+    def __getitem__(self, index: slice) -> Pieces: ...
+    def __getitem__(self, index: int | slice) -> Piece | Pieces:
+        if isinstance(index, slice):
+            return Pieces(self.episodes[index], self.starts[index], self.stops[index])
+        return Piece(int(self.episodes[index]), int(self.starts[index]), int(self.stops[index]))
+
+    def __iter__(self) -> Iterator[Piece]:
+        return map(Piece, self.episodes.tolist(), self.starts.tolist(), self.stops.tolist())
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence):
+            return NotImplemented
+        if len(other) != len(self):
+            return False
+        if not isinstance(other, Pieces) and not all(isinstance(p, Piece) for p in other):
+            return False
+        other = Pieces.of(other)
+        return (
+            np.array_equal(self.episodes, other.episodes)
+            and np.array_equal(self.starts, other.starts)
+            and np.array_equal(self.stops, other.stops)
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        shown = ", ".join(repr(p) for p in self[:3])
+        more = f", ... {len(self) - 3} more" if len(self) > 3 else ""
+        return f"Pieces([{shown}{more}])"
+
+
+def split_parts(
+    episodes: np.ndarray,
+    lengths: np.ndarray,
+    num_parts: int,
+    *,
+    seed: int,
+    epoch: int,
+    shuffle: bool = True,
+) -> list[Pieces]:
+    """Split the selected frames into ``num_parts`` disjoint parts that together hold every frame.
+
+    The episodes with at least one frame are laid end to end in a seeded order (ascending with
+    ``shuffle=False``; the permutation comes from ``default_rng([seed, epoch, 2**32-1,
+    num_parts])``, a stream no pool uses) and the resulting frame sequence is cut into
+    ``num_parts`` contiguous ranges whose sizes differ by at most one frame (the first
+    ``total % num_parts`` parts hold one more). So at most ``num_parts - 1`` episodes are cut and
+    each part is a few whole episodes plus at most two pieces. Each part's pieces are sorted by
+    episode. ``num_parts == 1`` gives every episode whole, sorted by episode, whatever ``shuffle``.
+    With ``shuffle=False`` part ``p`` holds a contiguous range of the global frame order.
+    """
+    if num_parts < 1:
+        raise ValueError(f"num_parts must be at least 1, got {num_parts}")
+    episodes = np.asarray(episodes, dtype=np.int64)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if episodes.shape != lengths.shape or episodes.ndim != 1:
+        raise ValueError("episodes and lengths must be one-dimensional and of the same length")
+    if np.any(lengths < 0):
+        bad = int(episodes[np.argmax(lengths < 0)])
+        raise ValueError(f"Episode {bad} has a negative frame count")
+    keep = lengths > 0
+    episodes, lengths = episodes[keep], lengths[keep]
+    by_episode = np.argsort(episodes, kind="stable")
+    episodes, lengths = episodes[by_episode], lengths[by_episode]
+    if len(episodes) and np.any(episodes[1:] == episodes[:-1]):
+        dup = int(episodes[1:][episodes[1:] == episodes[:-1]][0])
+        raise ValueError(f"Episode {dup} is selected twice")
+    if num_parts == 1:
+        return [Pieces(episodes, np.zeros_like(lengths), lengths)]
+    if shuffle:
+        rng = np.random.default_rng([seed, epoch, _SPLIT_STREAM, num_parts])
+        order = rng.permutation(len(episodes))
+        episodes, lengths = episodes[order], lengths[order]
+    ends = np.cumsum(lengths)  # global frame position one past each episode
+    begins = ends - lengths
+    total = int(ends[-1]) if len(ends) else 0
+    sizes = np.asarray(samples_per_part(total, num_parts, pad=False), dtype=np.int64)
+    bounds = np.concatenate([[0], np.cumsum(sizes)])
+    parts = []
+    for p in range(num_parts):
+        lo, hi = int(bounds[p]), int(bounds[p + 1])
+        first = int(np.searchsorted(ends, lo, side="right"))
+        last = int(np.searchsorted(begins, hi, side="left"))  # one past the last overlapping
+        eps = episodes[first:last]
+        starts = np.maximum(begins[first:last], lo) - begins[first:last]
+        stops = np.minimum(ends[first:last], hi) - begins[first:last]
+        sort = np.argsort(eps, kind="stable")
+        parts.append(Pieces(eps[sort], starts[sort], stops[sort]))
+    return parts
+
+
+def part_index(rank: int, world_size: int, worker_id: int, num_workers: int) -> tuple[int, int]:
+    """``(part, num_parts)`` of a DataLoader worker on a rank; ``num_workers=0`` counts as one.
+
+    A rank's workers hold consecutive parts, so with ``shuffle=False`` a rank covers one
+    contiguous range of the global frame order.
+    """
+    workers = max(num_workers, 1)
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is outside world_size {world_size}")
+    if not 0 <= worker_id < workers:
+        raise ValueError(f"worker_id {worker_id} is outside num_workers {num_workers}")
+    return rank * workers + worker_id, world_size * workers
+
+
+def samples_per_part(total_frames: int, num_parts: int, pad: bool = True) -> list[int]:
+    """Samples each part yields per epoch.
+
+    ``pad=True``: every part yields ``ceil(total / num_parts)``; the ``num_parts * ceil - total
+    < num_parts`` extra samples (at most one per part) repeat frames of the part's own.
+    ``pad=False``: each part's own frame count, as :func:`split_parts` makes them.
+    """
+    if num_parts < 1:
+        raise ValueError(f"num_parts must be at least 1, got {num_parts}")
+    base, extra = divmod(total_frames, num_parts)
+    if not pad:
+        return [base + 1] * extra + [base] * (num_parts - extra)
+    if 0 < total_frames < num_parts:
+        raise ValueError(
+            f"{total_frames} frames cannot give {num_parts} parts (ranks x workers) equal "
+            "padded lengths: some part would have no frame of its own to repeat; use fewer "
+            "ranks or workers, or turn padding off"
+        )
+    return [-(-total_frames // num_parts)] * num_parts

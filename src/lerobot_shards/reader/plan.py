@@ -1,0 +1,553 @@
+"""The exact-coverage episode pool: the order in which one part's frames are drawn.
+
+Pure and numpy only. :func:`reference_draws` is the algorithm of record (issue 4), written as a
+plain linear walk; :func:`plan_part` produces the same order draw for draw, fast enough to skip
+millions of draws on resume, and reports what it admits (so the reader can prefetch) and evicts
+(so it can release bytes).
+
+How the fast planner reproduces the walk. Between two evictions no episode is admitted, so the
+resident set and the random stream are fixed: the next ``k`` targets are one call
+``rng.integers([R, R-1, ..., R-k+1])`` (numpy returns the same values and leaves the generator in
+the same state as ``k`` scalar calls). Lay the residents' remaining frames end to end in
+resident order, one token per frame: the walk picks the token at index ``target`` of that list
+and removes one token of the episode it falls in. Which token is removed does not change any
+later answer, so the draws are a "select the t-th survivor and delete it" sequence, whose
+original token positions :func:`_select_positions` finds for a whole batch at once by
+merging halves (O(k log^2 k) numpy work, no Python loop per draw). A search of the positions
+in the prefix sums of the remaining counts gives the resident slot of every draw. The planner
+does not know in advance which draw will empty an episode, so it draws a batch
+speculatively, finds the first draw that empties an episode, rewinds the generator and redraws
+just the accepted prefix. Only admissions and evictions run in Python.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Iterator, Mapping, Sequence
+from itertools import accumulate
+from typing import NamedTuple
+
+import numpy as np
+
+from lerobot_shards.reader.partition import Piece, Pieces
+
+_NEVER = np.iinfo(np.int64).max
+_MIN_BATCH = 16
+_MAX_BATCH = 512
+_DENSITY = 16  # a batch removes at most 1/8 of the tokens it starts with
+
+
+class Admit(NamedTuple):
+    """Fetch piece ``piece`` (an index into the part's pieces) now: it has joined the pool."""
+
+    piece: int
+
+
+class Draw(NamedTuple):
+    """Yield frame ``frame`` (a position within the episode) of piece ``piece``."""
+
+    piece: int
+    frame: int
+
+
+class Evict(NamedTuple):
+    """Piece ``piece`` has been fully drawn: release it."""
+
+    piece: int
+
+
+Event = Admit | Draw | Evict
+
+
+def check_budget(
+    piece_bytes: Mapping[int, int] | Sequence[int] | np.ndarray,
+    byte_budget: int | None,
+    episodes: Sequence[int] | np.ndarray | None = None,
+) -> None:
+    """Refuse an episode that could never be admitted because it alone exceeds the budget.
+
+    ``piece_bytes`` maps episode index to bytes, or is a sequence of sizes whose episodes are
+    ``episodes`` (default: the positions). The smallest offending episode is named.
+    """
+    if byte_budget is None:
+        return
+    if isinstance(piece_bytes, Mapping):
+        episodes = np.fromiter(piece_bytes.keys(), np.int64, len(piece_bytes))
+        sizes = np.fromiter(piece_bytes.values(), np.int64, len(piece_bytes))
+    else:
+        sizes = np.asarray(piece_bytes, dtype=np.int64)
+        episodes = (
+            np.arange(len(sizes)) if episodes is None else np.asarray(episodes, dtype=np.int64)
+        )
+    over = np.flatnonzero(sizes > byte_budget)
+    if len(over):
+        worst = over[np.argmin(episodes[over])]
+        raise ValueError(
+            f"Episode {int(episodes[worst])} requires {int(sizes[worst])} bytes, "
+            f"exceeding the byte budget {byte_budget}"
+        )
+
+
+def reference_draws(
+    counts: Mapping[int, int],
+    piece_bytes: Mapping[int, int] | None = None,
+    *,
+    buffer_size: int,
+    byte_budget: int | None = None,
+    seed: int,
+    epoch: int,
+) -> list[tuple[int, int]]:
+    """The ``(episode, frame)`` draws of one epoch by :func:`iter_reference_draws`."""
+    return list(
+        iter_reference_draws(
+            counts,
+            piece_bytes,
+            buffer_size=buffer_size,
+            byte_budget=byte_budget,
+            seed=seed,
+            epoch=epoch,
+        )
+    )
+
+
+def iter_reference_draws(
+    counts: Mapping[int, int],
+    piece_bytes: Mapping[int, int] | None = None,
+    *,
+    buffer_size: int,
+    byte_budget: int | None = None,
+    seed: int,
+    epoch: int,
+) -> Iterator[tuple[int, int]]:
+    """The exact-coverage pool of issue 4, verbatim: the ``(episode, frame)`` draws of one epoch.
+
+    1. ``counts`` maps each selected episode to its frame count (episodes with no frame are
+       left out); ``rng = numpy.random.default_rng([seed, epoch])``.
+    2. ``order`` = the sorted episode indices as int64, shuffled in place by ``rng.shuffle``;
+       ``pending`` = that list.
+    3. Admission: while fewer than ``buffer_size`` episodes are resident and ``pending`` is not
+       empty, take the first pending episode whose byte size fits in the budget left (with no
+       budget, the first); if none fits, stop. The admitted episode gets ``frames =
+       arange(count)`` (int64) shuffled by ``rng.shuffle`` and joins the end of the resident
+       order.
+    4. Draw: ``target = int(rng.integers(remaining_total))``; walk the residents in resident
+       order, subtracting each one's remaining count, to the episode with ``target <
+       remaining``; its remaining count drops by one and the frame is ``frames[remaining]``. An
+       episode whose last frame was drawn is evicted (its bytes released) and admission runs
+       again. The epoch ends when nothing is pending or resident.
+    5. An episode larger than the whole budget is a ``ValueError`` (:func:`check_budget`).
+
+    A draw costs O(buffer_size): this is the slow, obviously correct statement kept for tests
+    and the benchmark; :func:`plan_part` is the fast equivalent.
+    """
+    sizes = dict(piece_bytes or {})
+    if byte_budget is not None:
+        check_budget({e: sizes[e] for e in counts if counts[e] > 0}, byte_budget)
+    rng = np.random.default_rng([seed, epoch])
+    order = np.array(sorted(e for e, c in counts.items() if c > 0), dtype=np.int64)
+    rng.shuffle(order)
+    pending = order.tolist()
+    resident: list[list] = []  # [episode, frames, remaining]
+    used = 0
+    remaining_total = 0
+
+    def admit() -> None:
+        nonlocal used, remaining_total
+        while len(resident) < buffer_size and pending:
+            for episode in pending:
+                if byte_budget is None or used + sizes[episode] <= byte_budget:
+                    break
+            else:
+                return
+            pending.remove(episode)
+            frames = np.arange(counts[episode], dtype=np.int64)
+            rng.shuffle(frames)
+            resident.append([episode, frames, counts[episode]])
+            used += sizes.get(episode, 0)
+            remaining_total += counts[episode]
+
+    admit()
+    while resident:
+        target = int(rng.integers(remaining_total))
+        for entry in resident:
+            if target < entry[2]:
+                break
+            target -= entry[2]
+        entry[2] -= 1
+        remaining_total -= 1
+        yield entry[0], int(entry[1][entry[2]])
+        if entry[2] == 0:
+            resident.remove(entry)
+            used -= sizes.get(entry[0], 0)
+            admit()
+
+
+class _FirstFit:
+    """First pending episode (in pending order) whose size fits the bytes left: O(log n).
+
+    A min-tree over the pending order; taken entries become +inf.
+    """
+
+    def __init__(self, sizes_in_order: np.ndarray) -> None:
+        n = len(sizes_in_order)
+        self.size = 1 << max(n - 1, 0).bit_length()
+        tree = np.full(2 * self.size, _NEVER, dtype=np.int64)
+        tree[self.size : self.size + n] = sizes_in_order
+        level = self.size
+        while level > 1:
+            pairs = tree[level : 2 * level].reshape(-1, 2)
+            tree[level // 2 : level] = pairs.min(axis=1)
+            level //= 2
+        self.tree = tree.tolist()
+
+    def find(self, left: int) -> int:
+        tree = self.tree
+        if tree[1] > left:
+            return -1
+        node = 1
+        while node < self.size:
+            node *= 2
+            if tree[node] > left:
+                node += 1
+        return node - self.size
+
+    def take(self, index: int) -> None:
+        tree = self.tree
+        node = index + self.size
+        tree[node] = _NEVER
+        node //= 2
+        while node:
+            tree[node] = min(tree[2 * node], tree[2 * node + 1])
+            node //= 2
+
+
+class _Pool:
+    """State of the fast pool: resident slots in admission order and the frame arena.
+
+    Slot ``s`` holds piece ``piece[s]`` with ``rem[s]`` frames left, whose shuffled frame
+    positions are ``arena[off[s] : off[s] + count]``; the walk's ``frames[remaining]`` is
+    ``arena[off[s] + remaining]``. Emptied slots stay in place (remaining 0, so the prefix
+    search skips them) until they outnumber the pool by a quarter; then the live
+    ones are packed to the front, keeping their order.
+    """
+
+    def __init__(
+        self,
+        pieces: Pieces,
+        sizes: np.ndarray | None,
+        buffer_size: int,
+        byte_budget: int | None,
+        rng: np.random.Generator,
+    ) -> None:
+        counts = pieces.counts
+        self.counts = counts.tolist()
+        self.starts = pieces.starts.tolist()
+        self.rng = rng
+        self.buffer_size = buffer_size
+        self.budget = byte_budget
+        order = np.flatnonzero(counts > 0).astype(np.int64)
+        rng.shuffle(order)
+        self.order = order.tolist()
+        self.head = 0  # first pending position not taken
+        self.sizes = None if sizes is None else sizes.tolist()
+        self.first_fit = None
+        if byte_budget is not None and sizes is not None and len(order):
+            self.first_fit = _FirstFit(sizes[order])
+            self.taken = bytearray(len(order))
+        self.used_bytes = 0
+        most = max(1, min(buffer_size, len(order)))
+        self.max_slots = most + max(8, most // 4)
+        self.piece: list[int] = []
+        self.off: list[int] = []
+        self.rem: list[int] = []
+        self.resident = 0
+        self.total = 0  # remaining frames over the residents
+        self.arena = np.empty(1024, dtype=np.int64)
+        self.top = 0
+        self.batch = _MIN_BATCH
+        self.last: tuple[int, int] | None = None  # (piece, arena offset) of the last eviction
+
+    @property
+    def pending(self) -> bool:
+        return self.head < len(self.order)
+
+    def live_pieces(self) -> list[int]:
+        """Resident pieces in resident (admission) order."""
+        return [p for p, r in zip(self.piece, self.rem, strict=True) if r]
+
+    def admit(self) -> list[int]:
+        """Run admission; returns the admitted pieces in order."""
+        admitted = []
+        order = self.order
+        while self.resident < self.buffer_size and self.head < len(order):
+            at = self.head
+            if self.first_fit is None:
+                self.head += 1
+            else:
+                if self.used_bytes + self.sizes[order[at]] > self.budget:
+                    at = self.first_fit.find(self.budget - self.used_bytes)
+                    if at < 0:
+                        break
+                self.first_fit.take(at)
+                self.taken[at] = 1
+                while self.head < len(order) and self.taken[self.head]:
+                    self.head += 1
+            piece = order[at]
+            if self.sizes is not None:
+                self.used_bytes += self.sizes[piece]
+            self._place(piece)
+            admitted.append(piece)
+        return admitted
+
+    def _place(self, piece: int) -> None:
+        count = self.counts[piece]
+        if len(self.piece) == self.max_slots:
+            live = [s for s, r in enumerate(self.rem) if r]
+            self.piece = [self.piece[s] for s in live]
+            self.off = [self.off[s] for s in live]
+            self.rem = [self.rem[s] for s in live]
+        if self.top + count > len(self.arena):
+            self._pack_arena(count)
+        frames = self.arena[self.top : self.top + count]
+        frames[:] = np.arange(count, dtype=np.int64)
+        self.rng.shuffle(frames)
+        self.piece.append(piece)
+        self.off.append(self.top)
+        self.rem.append(count)
+        self.top += count
+        self.resident += 1
+        self.total += count
+
+    def _pack_arena(self, need: int) -> None:
+        """Move the live slots' frames to the front (whole, as padding replays drawn ones)."""
+        live = [s for s, r in enumerate(self.rem) if r]
+        sizes = np.array([self.counts[self.piece[s]] for s in live], dtype=np.int64)
+        kept = int(sizes.sum())
+        arena = np.empty(max(len(self.arena), 2 * (kept + need)), dtype=np.int64)
+        new_off = np.cumsum(sizes) - sizes
+        if kept:
+            old_off = np.array([self.off[s] for s in live], dtype=np.int64)
+            arena[:kept] = self.arena[np.repeat(old_off - new_off, sizes) + np.arange(kept)]
+        for s, o in zip(live, new_off.tolist(), strict=True):
+            self.off[s] = o
+        self.arena = arena
+        self.top = kept
+
+    def step(self, limit: int) -> tuple[list[int], list[int], int]:
+        """Make up to ``limit`` draws, stopping after the first that empties a resident.
+
+        Returns the slots drawn, each draw's remaining count after it (the walk's index into
+        the slot's frames) and the piece evicted by the last draw (-1 if none). The eviction's
+        bookkeeping is done; admission is not.
+
+        The targets of the whole batch come from one ``integers`` call with bounds ``R, R-1,
+        ...``. Lay the residents' remaining frames end to end as tokens; each target ``t``
+        picks the ``t``-th surviving token, whose position ``p`` in the batch's starting layout
+        is ``t + #{removed <= p}``: step over the sorted removed positions from the first one
+        after ``t``. A batch removes few of the tokens, so the stepping nearly always stops at
+        once, and ``p``'s slot is a binary search in the prefix sums taken at the batch start.
+        If a draw empties a slot before the batch ends, the generator is rewound and only the
+        draws made are drawn again.
+        """
+        total = self.total
+        k = min(total, limit, self.batch, max(_MIN_BATCH, total // _DENSITY))
+        bounds = np.arange(total, total - k, -1, dtype=np.int64)
+        bitgen = self.rng.bit_generator
+        saved = bitgen.state
+        rem = self.rem
+        prefix = list(accumulate(rem))
+        removed: list[int] = []
+        insert, search = removed.insert, bisect_right
+        slots: list[int] = []
+        lefts: list[int] = []
+        evicted = -1
+        for n, t in enumerate(self.rng.integers(bounds).tolist()):  # n == len(removed)
+            i = search(removed, t)
+            p = t + i
+            while i < n and removed[i] <= p:
+                i += 1
+                p += 1
+            insert(i, p)
+            s = search(prefix, p)
+            left = rem[s] - 1
+            rem[s] = left
+            slots.append(s)
+            lefts.append(left)
+            if not left:
+                evicted = self.piece[s]
+                break
+        made = len(slots)
+        self.total -= made
+        if evicted < 0:
+            self.batch = min(_MAX_BATCH, 2 * self.batch)
+        else:
+            if made < k:
+                bitgen.state = saved
+                self.rng.integers(bounds[:made])
+            self.batch = max(_MIN_BATCH, 2 * made)
+            self.resident -= 1
+            if self.sizes is not None:
+                self.used_bytes -= self.sizes[evicted]
+            self.last = (evicted, self.off[slots[-1]])
+        return slots, lefts, evicted
+
+    def frames(self, slots: list[int], lefts: list[int]) -> tuple[list[int], list[int]]:
+        """The pieces and frames (positions within the episode) of the draws of one step."""
+        pieces = [self.piece[s] for s in slots]
+        index = np.array([self.off[s] for s in slots], dtype=np.int64)
+        index += np.array(lefts, dtype=np.int64)
+        starts = np.array([self.starts[p] for p in pieces], dtype=np.int64)
+        return pieces, (self.arena[index] + starts).tolist()
+
+    def skip(self, draws: int) -> None:
+        """Advance ``draws`` draws, with their evictions and admissions, emitting nothing."""
+        while draws > 0 and self.total > 0:
+            slots, _, evicted = self.step(draws)
+            draws -= len(slots)
+            if evicted >= 0:
+                self.admit()
+
+    def padding(self, first: int, stop: int) -> list[int]:
+        """Frames of pad draws ``first..stop-1``: the last piece's frames again, in draw order."""
+        piece, off = self.last
+        count = self.counts[piece]
+        index = np.arange(first, stop) % count
+        return (self.arena[off + count - 1 - index] + self.starts[piece]).tolist()
+
+
+def plan_part(
+    pieces: Sequence[Piece],
+    piece_bytes: Sequence[int] | np.ndarray | None,
+    *,
+    buffer_size: int,
+    byte_budget: int | None,
+    seed: Sequence[int],
+    shuffle: bool = True,
+    num_samples: int | None = None,
+    start: int = 0,
+) -> Iterator[Admit | Draw | Evict]:
+    """The exact-coverage pool for one part, as events: Admit, Draw and Evict.
+
+    ``seed`` is the entropy for ``numpy.random.default_rng``: ``[seed, epoch]`` for a single part
+    (then the draws are exactly :func:`reference_draws`), ``[seed, epoch, part]`` with several.
+    Pieces are indexed by their position in ``pieces``; pieces with no frame are never
+    admitted. ``piece_bytes[i]`` is what piece ``i`` costs while resident (needed only with a
+    ``byte_budget``); at most ``buffer_size`` pieces and ``byte_budget`` bytes are resident.
+
+    ``num_samples`` (default: the part's frame count) may exceed the frame count: the extra
+    draws repeat the frames of the last drawn piece, in the order they were drawn and cycling,
+    before its Evict. ``start=n`` skips the first ``n`` draws without emitting them (no Admit
+    or Evict for pieces already gone), then emits Admit for every piece resident at that point,
+    in resident order, and goes on; ``start >= num_samples`` yields nothing.
+
+    ``shuffle=False``: pieces in order, frames ascending, still admitting ahead within
+    ``buffer_size`` and the budget (in order: the next piece waits until it fits).
+    """
+    table = Pieces.of(pieces)
+    counts = table.counts
+    real = int(counts.sum())
+    samples = real if num_samples is None else int(num_samples)
+    if samples < real:
+        raise ValueError(f"num_samples {samples} is less than the part's {real} frames")
+    if samples > real == 0:
+        raise ValueError(f"a part with no frames cannot yield {samples} padding samples")
+    if buffer_size < 1:
+        raise ValueError(f"buffer_size must be at least 1, got {buffer_size}")
+    if start < 0:
+        raise ValueError(f"start must be non-negative, got {start}")
+    sizes = None
+    if piece_bytes is not None:
+        sizes = np.asarray(piece_bytes, dtype=np.int64)
+        if sizes.shape != counts.shape:
+            raise ValueError(f"{len(sizes)} piece sizes given for {len(counts)} pieces")
+    if byte_budget is not None:
+        if sizes is None:
+            raise ValueError("a byte_budget needs piece_bytes")
+        check_budget(sizes[counts > 0], byte_budget, table.episodes[counts > 0])
+    if not shuffle:
+        return _plan_in_order(table, sizes, buffer_size, byte_budget, samples, start)
+    pool = _Pool(table, sizes, buffer_size, byte_budget, np.random.default_rng(list(seed)))
+    return _plan_shuffled(pool, real, samples, start)
+
+
+def _plan_shuffled(pool: _Pool, real: int, samples: int, start: int) -> Iterator[Event]:
+    admitted = pool.admit()
+    if start >= samples:
+        return
+    if start:
+        pool.skip(min(start, real))
+        if start >= real:  # in the padding: only the last piece is (still) resident
+            piece = pool.last[0]
+            yield Admit(piece)
+            for frame in pool.padding(start - real, samples - real):
+                yield Draw(piece, frame)
+            yield Evict(piece)
+            return
+        admitted = pool.live_pieces()
+    for piece in admitted:
+        yield Admit(piece)
+    while pool.total:
+        slots, lefts, evicted = pool.step(_MAX_BATCH)
+        pieces, frames = pool.frames(slots, lefts)
+        for piece, frame in zip(pieces, frames, strict=True):
+            yield Draw(piece, frame)
+        if evicted < 0:
+            continue
+        if not pool.resident and not pool.pending:
+            for frame in pool.padding(0, samples - real):
+                yield Draw(evicted, frame)
+        yield Evict(evicted)
+        for piece in pool.admit():
+            yield Admit(piece)
+
+
+def _plan_in_order(
+    table: Pieces,
+    sizes: np.ndarray | None,
+    buffer_size: int,
+    byte_budget: int | None,
+    samples: int,
+    start: int,
+) -> Iterator[Event]:
+    """``shuffle=False``: one piece after another, frames ascending, admitting ahead in order."""
+    live = np.flatnonzero(table.counts > 0)
+    if start >= samples or not len(live):
+        return
+    counts = table.counts[live]
+    ends = np.cumsum(counts)
+    real = int(ends[-1])
+    # The piece holding draw `start` (the last one in the padding) and its first frame offset.
+    at = min(int(np.searchsorted(ends, start, side="right")), len(live) - 1)
+    offset = start - int(ends[at] - counts[at])
+    # Admission is greedy in order, so the residents are always a window [at, ahead) whose end
+    # only depends on `at`: as far as the pool size and the budget allow.
+    ahead = min(at + buffer_size, len(live))
+    if byte_budget is not None:
+        spent = np.concatenate([[0], np.cumsum(sizes[live])])
+        fits = int(np.searchsorted(spent, spent[at] + byte_budget, side="right")) - 1
+        ahead = min(ahead, fits)
+    used = 0 if sizes is None else int(sizes[live[at:ahead]].sum())
+    live_list = live.tolist()
+    starts, stops = table.starts.tolist(), table.stops.tolist()
+    for i in range(at, ahead):
+        yield Admit(live_list[i])
+    for i in range(at, len(live_list)):
+        piece = live_list[i]
+        first = starts[piece] + (offset if i == at else 0)
+        for frame in range(first, stops[piece]):
+            yield Draw(piece, frame)
+        if i == len(live_list) - 1:
+            count = stops[piece] - starts[piece]
+            for n in range(max(start, real) - real, samples - real):
+                yield Draw(piece, starts[piece] + n % count)
+        yield Evict(piece)
+        if sizes is not None:
+            used -= int(sizes[piece])
+        while ahead < len(live_list) and ahead - i - 1 < buffer_size:
+            nxt = live_list[ahead]
+            if byte_budget is not None and used + int(sizes[nxt]) > byte_budget:
+                break
+            if sizes is not None:
+                used += int(sizes[nxt])
+            yield Admit(nxt)
+            ahead += 1

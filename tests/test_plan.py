@@ -1,0 +1,269 @@
+"""The exact-coverage pool (reader/plan.py): equal to the reference, exact, resumable, bounded."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lerobot_shards.reader.partition import Pieces, part_index, samples_per_part, split_parts
+from lerobot_shards.reader.plan import (
+    Admit,
+    Draw,
+    Evict,
+    check_budget,
+    plan_part,
+    reference_draws,
+)
+
+COUNTS = {0: 3, 2: 1, 5: 4, 7: 2, 9: 0}
+SIZES = {0: 30, 2: 10, 5: 40, 7: 20, 9: 5}
+
+
+def one_part(counts: dict[int, int]) -> Pieces:
+    episodes = np.array(list(counts), dtype=np.int64)
+    return split_parts(episodes, np.array(list(counts.values())), 1, seed=0, epoch=0)[0]
+
+
+def draws_of(events, pieces: Pieces) -> list[tuple[int, int]]:
+    return [(int(pieces.episodes[e.piece]), e.frame) for e in events if isinstance(e, Draw)]
+
+
+def check_events(events, pieces: Pieces, sizes, buffer_size: int, budget: int | None) -> None:
+    """Admit before draw, evict after the last draw, and the pool never over its limits."""
+    resident: set[int] = set()
+    done: set[int] = set()
+    used = 0
+    for event in events:
+        if isinstance(event, Admit):
+            assert event.piece not in resident and event.piece not in done
+            resident.add(event.piece)
+            used += sizes[event.piece] if sizes is not None else 0
+            assert len(resident) <= buffer_size
+            assert budget is None or used <= budget
+        elif isinstance(event, Draw):
+            assert event.piece in resident
+            piece = pieces[event.piece]
+            assert piece.start <= event.frame < piece.stop
+        else:
+            assert isinstance(event, Evict)
+            resident.remove(event.piece)
+            done.add(event.piece)
+            used -= sizes[event.piece] if sizes is not None else 0
+    assert not resident
+
+
+def test_integers_with_an_array_of_bounds_equals_scalar_calls():
+    """The fact the fast planner rests on: same values, same generator state afterwards."""
+    bounds = np.array([5_000_000_000, 2**32 + 1, 2**32, 2**32 - 1, 1000, 17, 3, 2, 1] * 20)
+    batched, single = np.random.default_rng([4, 2]), np.random.default_rng([4, 2])
+    values = batched.integers(bounds)
+    assert values.tolist() == [int(single.integers(int(b))) for b in bounds]
+    assert batched.bit_generator.state == single.bit_generator.state
+    frames_a, frames_b = np.arange(50), np.arange(50)
+    batched.shuffle(frames_a)
+    single.shuffle(frames_b)
+    assert frames_a.tolist() == frames_b.tolist()
+
+
+def test_whole_order_of_a_small_case():
+    """Pinned: the order of issue 4's algorithm (and so of every later version) for this case."""
+    expected = [(5, 0), (5, 1), (2, 0), (7, 0), (5, 2), (7, 1), (5, 3), (0, 1), (0, 2), (0, 0)]
+    reference = reference_draws(COUNTS, SIZES, buffer_size=2, byte_budget=60, seed=0, epoch=0)
+    assert reference == expected
+    pieces = one_part(COUNTS)
+    sizes = [SIZES[e] for e in pieces.episodes.tolist()]
+    events = list(plan_part(pieces, sizes, buffer_size=2, byte_budget=60, seed=[0, 0]))
+    assert draws_of(events, pieces) == expected
+    assert [e for e in events if not isinstance(e, Draw)][:3] == [Admit(2), Admit(1), Evict(1)]
+    check_events(events, pieces, sizes, 2, 60)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 30), min_size=1, max_size=30),
+    buffer_size=st.integers(1, 12),
+    budget_slack=st.one_of(st.none(), st.integers(0, 300)),
+    seed=st.integers(0, 2**32 - 1),
+    epoch=st.integers(0, 1000),
+    data=st.data(),
+)
+def test_fast_planner_equals_the_reference_and_resumes_at_any_offset(
+    lengths, buffer_size, budget_slack, seed, epoch, data
+):
+    rng = np.random.default_rng(len(lengths))
+    counts = {3 * i: n for i, n in enumerate(lengths)}
+    sizes_by_episode = {e: int(rng.integers(1, 100)) for e in counts}
+    budget = None if budget_slack is None else max(sizes_by_episode.values()) + budget_slack
+    reference = reference_draws(
+        counts,
+        sizes_by_episode,
+        buffer_size=buffer_size,
+        byte_budget=budget,
+        seed=seed,
+        epoch=epoch,
+    )
+    pieces = one_part(counts)
+    sizes = [sizes_by_episode[e] for e in pieces.episodes.tolist()]
+
+    def plan(start=0):
+        return list(
+            plan_part(
+                pieces, sizes, buffer_size=buffer_size, byte_budget=budget,
+                seed=[seed, epoch], start=start,
+            )
+        )  # fmt: skip
+
+    events = plan()
+    assert draws_of(events, pieces) == reference
+    assert sorted(reference) == [(e, f) for e, n in sorted(counts.items()) for f in range(n)]
+    check_events(events, pieces, sizes, buffer_size, budget)
+    start = data.draw(st.integers(0, len(reference) + 2))
+    resumed = plan(start)
+    assert draws_of(resumed, pieces) == reference[start:]
+    check_events(resumed, pieces, sizes, buffer_size, budget)
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 20), min_size=1, max_size=20),
+    world_size=st.integers(1, 3),
+    num_workers=st.integers(0, 3),
+    buffer_size=st.integers(1, 6),
+    budget_slack=st.one_of(st.none(), st.integers(0, 150)),
+    pad=st.booleans(),
+    shuffle=st.booleans(),
+    seed=st.integers(0, 1000),
+    epoch=st.integers(0, 5),
+    data=st.data(),
+)
+def test_every_frame_once_over_all_parts_with_equal_lengths(
+    lengths, world_size, num_workers, buffer_size, budget_slack, pad, shuffle, seed, epoch, data
+):
+    episodes = np.arange(len(lengths)) * 2
+    total = sum(lengths)
+    num_parts = world_size * max(num_workers, 1)
+    if pad and 0 < total < num_parts:
+        return  # refused by samples_per_part (tested there)
+    parts = split_parts(
+        episodes, np.array(lengths), num_parts, seed=seed, epoch=epoch, shuffle=shuffle
+    )
+    samples = samples_per_part(total, num_parts, pad=pad)
+    sizes_by_episode = {int(e): 10 + 7 * int(e) for e in episodes}
+    budget = None if budget_slack is None else max(sizes_by_episode.values()) + budget_slack
+    real, padding = [], []
+    for rank in range(world_size):
+        for worker in range(max(num_workers, 1)):
+            part, count = part_index(rank, world_size, worker, num_workers)
+            assert count == num_parts
+            pieces = parts[part]
+            sizes = [sizes_by_episode[e] for e in pieces.episodes.tolist()]
+            kwargs = dict(
+                buffer_size=buffer_size, byte_budget=budget, seed=[seed, epoch, part],
+                shuffle=shuffle, num_samples=samples[part],
+            )  # fmt: skip
+            events = list(plan_part(pieces, sizes, **kwargs))
+            check_events(events, pieces, sizes, buffer_size, budget)
+            drawn = draws_of(events, pieces)
+            assert len(drawn) == samples[part]
+            own = sum(p.count for p in pieces)
+            assert len(set(drawn[:own])) == own  # the part's own frames first, each once
+            assert set(drawn[own:]) <= set(drawn[:own])  # padding repeats the part's frames
+            real += drawn[:own]
+            padding += drawn[own:]
+            if not shuffle:
+                assert drawn[:own] == sorted(drawn[:own])
+            start = data.draw(st.integers(0, samples[part] + 1))
+            suffix = list(plan_part(pieces, sizes, start=start, **kwargs))
+            assert draws_of(suffix, pieces) == drawn[start:]
+            check_events(suffix, pieces, sizes, buffer_size, budget)
+    assert sorted(real) == [
+        (int(e), f) for e, n in zip(episodes, lengths, strict=True) for f in range(n)
+    ]
+    assert len(padding) == (num_parts * samples[0] - total if pad else 0)
+    assert len(padding) < num_parts
+
+
+def test_padding_repeats_the_last_piece_in_draw_order():
+    pieces = Pieces(np.array([1, 2]), np.array([0, 4]), np.array([3, 6]))
+    for shuffle in (True, False):
+        events = list(
+            plan_part(pieces, None, buffer_size=2, byte_budget=None, seed=[1, 0], shuffle=shuffle,
+                      num_samples=10)
+        )  # fmt: skip
+        draws = [(e.piece, e.frame) for e in events if isinstance(e, Draw)]
+        assert events[-1] == Evict(draws[4][0])  # the last piece is evicted after its padding
+        last = [d for d in draws[:5] if d[0] == draws[4][0]]
+        assert draws[5:] == (last * 5)[: 10 - 5]
+        for start in range(12):
+            resumed = [e for e in plan_part(pieces, None, buffer_size=2, byte_budget=None,
+                                            seed=[1, 0], shuffle=shuffle, num_samples=10,
+                                            start=start)]  # fmt: skip
+            assert [(e.piece, e.frame) for e in resumed if isinstance(e, Draw)] == draws[start:]
+            if start < 10:
+                assert isinstance(resumed[0], Admit) and resumed[-1] == events[-1]
+            else:
+                assert resumed == []
+
+
+def test_order_is_a_pure_function_of_its_inputs():
+    pieces = one_part({e: 20 for e in range(30)})
+
+    def order(seed):
+        return list(plan_part(pieces, None, buffer_size=4, byte_budget=None, seed=seed))
+
+    assert order([7, 1]) == order([7, 1])
+    assert order([7, 1]) != order([7, 2])  # another epoch
+    assert order([7, 1]) != order([8, 1])  # another seed
+    assert order([7, 1, 0]) != order([7, 1, 1])  # another part
+
+
+def test_unshuffled_order_is_ascending_and_admits_ahead():
+    pieces = Pieces(np.arange(4), np.zeros(4), np.array([3, 0, 2, 4]))  # piece 1 has no frame
+    events = list(plan_part(pieces, [5, 1, 5, 5], buffer_size=2, byte_budget=10, seed=[0, 0],
+                            shuffle=False))  # fmt: skip
+    assert events == [
+        Admit(0), Admit(2), Draw(0, 0), Draw(0, 1), Draw(0, 2), Evict(0), Admit(3),
+        Draw(2, 0), Draw(2, 1), Evict(2), Draw(3, 0), Draw(3, 1), Draw(3, 2), Draw(3, 3), Evict(3),
+    ]  # fmt: skip
+
+
+def test_budget_errors():
+    with pytest.raises(
+        ValueError, match=r"^Episode 5 requires 40 bytes, exceeding the byte budget 39$"
+    ):
+        reference_draws(COUNTS, SIZES, buffer_size=2, byte_budget=39, seed=0, epoch=0)
+    pieces = one_part(COUNTS)
+    sizes = [SIZES[e] for e in pieces.episodes.tolist()]
+    with pytest.raises(
+        ValueError, match=r"^Episode 5 requires 40 bytes, exceeding the byte budget 39$"
+    ):
+        plan_part(pieces, sizes, buffer_size=2, byte_budget=39, seed=[0, 0])
+    with pytest.raises(
+        ValueError, match=r"^Episode 7 requires 20 bytes, exceeding the byte budget 10$"
+    ):
+        check_budget({9: 5, 7: 20, 8: 30}, 10)
+    check_budget({9: 5, 7: 20}, None)
+    with pytest.raises(ValueError, match="less than the part's 10 frames"):
+        plan_part(pieces, None, buffer_size=2, byte_budget=None, seed=[0, 0], num_samples=9)
+
+
+@pytest.mark.parametrize(("buffer_size", "budget"), [(40, None), (200, None), (25, 3000)])
+def test_larger_epoch_equals_the_reference_with_resume(buffer_size, budget):
+    """Long enough to pack the slots and the frame arena and to run batches at full size."""
+    rng = np.random.default_rng(buffer_size)
+    counts = {int(e): int(n) for e, n in enumerate(rng.integers(1, 80, 300))}
+    sizes_by_episode = {e: int(rng.integers(1, 500)) for e in counts}
+    reference = reference_draws(
+        counts, sizes_by_episode, buffer_size=buffer_size, byte_budget=budget, seed=11, epoch=4
+    )
+    pieces = one_part(counts)
+    sizes = [sizes_by_episode[e] for e in pieces.episodes.tolist()]
+    for start in (0, 1, 777, len(reference) // 2, len(reference) - 1):
+        events = list(
+            plan_part(pieces, sizes, buffer_size=buffer_size, byte_budget=budget, seed=[11, 4],
+                      start=start)
+        )  # fmt: skip
+        assert draws_of(events, pieces) == reference[start:]
+        check_events(events, pieces, sizes, buffer_size, budget)
