@@ -1,0 +1,122 @@
+"""Planner speed (issue 6): draws/s against the linear-walk reference, resume, a huge manifest.
+
+    python scripts/bench_plan.py [--draws 100000] [--buffer-size 1024]
+
+Synthetic frame counts (uniform 100..900 frames per episode, like robot episodes), no I/O.
+Prints wall time (the targets) and the CPU time of this process (what the machine's other
+load does not inflate).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from lerobot_shards.reader.partition import split_parts
+from lerobot_shards.reader.plan import Draw, iter_reference_draws, plan_part
+
+
+def machine() -> str:
+    model = "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            model = next(line.split(":", 1)[1].strip() for line in cpuinfo if "model name" in line)
+    except (OSError, StopIteration):
+        pass
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    return f"{model}, {os.cpu_count()} cores, load average {load}"
+
+
+def timed(work: Callable[[], object]) -> tuple[object, float, float]:
+    wall, cpu = time.perf_counter(), time.process_time()
+    result = work()
+    return result, time.perf_counter() - wall, time.process_time() - cpu
+
+
+def synthetic_lengths(episodes: int, total: int | None = None, seed: int = 0) -> np.ndarray:
+    lengths = np.random.default_rng(seed).integers(100, 901, episodes)
+    if total is not None:  # adjust to exactly `total` frames
+        lengths = lengths * total // lengths.sum()
+        lengths[: total - lengths.sum()] += 1
+    return lengths
+
+
+def first_draws(events, n: int) -> list[Draw]:
+    return list(itertools.islice((e for e in events if type(e) is Draw), n))
+
+
+def bench_draws(draws: int, buffer_size: int) -> None:
+    lengths = synthetic_lengths(20_000)
+    episodes = np.arange(len(lengths))
+    counts = dict(zip(episodes.tolist(), lengths.tolist(), strict=True))
+    reference, ref_wall, ref_cpu = timed(
+        lambda: list(
+            itertools.islice(
+                iter_reference_draws(counts, buffer_size=buffer_size, seed=0, epoch=0), draws
+            )
+        )
+    )
+    pieces = split_parts(episodes, lengths, 1, seed=0, epoch=0)[0]
+    planned, wall, cpu = timed(
+        lambda: first_draws(
+            plan_part(pieces, None, buffer_size=buffer_size, byte_budget=None, seed=[0, 0]), draws
+        )
+    )
+    same = [(int(pieces.episodes[d.piece]), d.frame) for d in planned] == reference
+    print(f"draws/s at buffer_size {buffer_size} (first {draws:,} draws, order identical: {same})")
+    row = "  {:<22} {:12,.0f} /s wall   {:12,.0f} /s cpu"
+    print(row.format("reference linear walk", draws / ref_wall, draws / ref_cpu))
+    print(row.format("plan_part (events)", draws / wall, draws / cpu))
+    print(f"  ratio                  {ref_wall / wall:12.1f} x wall   {ref_cpu / cpu:12.1f} x cpu"
+          "   (target >= 20x)")  # fmt: skip
+    if not same:
+        raise SystemExit("the planner's order differs from the reference")
+
+
+def bench_resume(buffer_size: int, total: int = 10_000_000, offset: int = 5_000_000) -> None:
+    lengths = synthetic_lengths(total // 500, total)
+    pieces = split_parts(np.arange(len(lengths)), lengths, 1, seed=0, epoch=0)[0]
+    events = plan_part(
+        pieces, None, buffer_size=buffer_size, byte_budget=None, seed=[0, 0], start=offset
+    )
+    _, wall, cpu = timed(lambda: first_draws(events, 1))
+    print(f"resume at offset {offset:,} of a {int(lengths.sum()):,}-frame epoch "
+          f"({len(lengths):,} episodes), buffer_size {buffer_size}: "
+          f"{wall:.2f} s wall, {cpu:.2f} s cpu   (target < 5 s)")  # fmt: skip
+
+
+def bench_manifest(episodes: int = 1_000_000, buffer_size: int = 64) -> None:
+    lengths = synthetic_lengths(episodes, seed=1)
+    sizes = lengths * 20_000  # bytes, for a byte budget of 2 GB
+
+    def build_and_plan():
+        pieces = split_parts(np.arange(episodes), lengths, 1, seed=0, epoch=0)[0]
+        plan = plan_part(pieces, sizes, buffer_size=buffer_size, byte_budget=2 * 10**9, seed=[0, 0])
+        return first_draws(plan, 1)
+
+    _, wall, cpu = timed(build_and_plan)
+    print(
+        f"split and plan the first sample of {episodes:,} episodes (buffer_size {buffer_size}, "
+        f"2 GB budget): {wall:.2f} s wall, {cpu:.2f} s cpu   (target < 2 s)"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--draws", type=int, default=100_000)
+    parser.add_argument("--buffer-size", type=int, default=1024)
+    args = parser.parse_args()
+    print(machine())
+    bench_draws(args.draws, args.buffer_size)
+    for buffer_size in (64, args.buffer_size):
+        bench_resume(buffer_size)
+    bench_manifest()
+
+
+if __name__ == "__main__":
+    main()
