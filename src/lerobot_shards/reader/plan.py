@@ -11,13 +11,13 @@ resident set and the random stream are fixed: the next ``k`` targets are one cal
 the same state as ``k`` scalar calls). Lay the residents' remaining frames end to end in
 resident order, one token per frame: the walk picks the token at index ``target`` of that list
 and removes one token of the episode it falls in. Which token is removed does not change any
-later answer, so the draws are a "select the t-th survivor and delete it" sequence, whose
-original token positions :func:`_select_positions` finds for a whole batch at once by
-merging halves (O(k log^2 k) numpy work, no Python loop per draw). A search of the positions
-in the prefix sums of the remaining counts gives the resident slot of every draw. The planner
-does not know in advance which draw will empty an episode, so it draws a batch
-speculatively, finds the first draw that empties an episode, rewinds the generator and redraws
-just the accepted prefix. Only admissions and evictions run in Python.
+later answer, so each draw is "select the t-th surviving token and delete it". Its position in
+the batch's starting layout comes from a binary search over the few tokens the batch removed so
+far, and its resident slot from a binary search in the prefix sums of the remaining counts
+taken at the batch start: O(log k + log buffer_size) per draw, in C (``bisect``), with no
+walk over the residents. The planner does not know in advance which draw will empty an episode,
+so it draws a batch of targets speculatively, stops at the first draw that empties an
+episode, rewinds the generator and draws just the targets it used again.
 """
 
 from __future__ import annotations
