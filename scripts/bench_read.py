@@ -1,0 +1,339 @@
+"""Reader throughput beside its baselines, side by side in one run on the same data (issues 4, 6).
+
+Generates (once, cached) a LeRobot v3.0 dataset with the test factory, as LeRobot records it:
+24 episodes of 60-100 frames, two cameras at 480x640, AV1 GOP 2 (crf 30), realistic content,
+30 fps, episodes sharing large video files; converts it once. Then measures, with the same
+DataLoader workers (each collating on one intra-op thread), batch size and ``return_uint8``:
+
+- reader: ``ShardedLeRobotDataset`` (shuffle) through a DataLoader with persistent workers, timed
+  over whole epochs after a warm-up epoch (an episode is decoded on admission, so only whole
+  epochs weigh decoding fairly);
+- baseline: ``LeRobotSource`` (decoders kept open between items) under a shuffling DataLoader,
+  timed for ``--seconds`` after a few warm-up batches;
+- ceiling: every frame of the same source videos decoded in file order with PyAV and converted
+  to rgb24, one process per video file on a pool of ``--workers`` processes (best of two);
+- time to first batch: constructing the dataset to its first batch through the DataLoader;
+- memory: peak memory (sum of PSS, and of RSS, over the process tree, sampled every 0.1 s) of a
+  training-style loop (one optimizer step per batch) with ``byte_budget_gb=1``, in a fresh
+  process.
+
+Usage: ``python scripts/bench_read.py [--cache DIR] [--workers 2] [--batch-size 8]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import av
+import numpy as np
+import torch
+from _bench_common import CAMERAS_2X480X640, cached_conversion, cached_dataset, machine_line
+from torch.utils.data import DataLoader
+
+from lerobot_shards.reader.throughput import stream
+from lerobot_shards.source import LeRobotSource
+
+EPISODES = 24
+FPS = 30
+GB = 1e9
+
+
+def one_thread(worker_id: int) -> None:
+    torch.set_num_threads(1)
+
+
+def verdict(ok: bool) -> str:
+    return "met" if ok else "MISSED"
+
+
+# ----------------------------------------------------------------------------- measurements
+
+
+def measure_reader(shards: Path, args: argparse.Namespace) -> tuple[float, float, int, float]:
+    """(samples/s, camera frames/s, samples, seconds) over whole epochs after a warm-up epoch."""
+    stats = stream(
+        str(shards),
+        workers=args.workers,
+        batch_size=args.batch_size,
+        epochs=1 + args.reader_epochs,
+        warmup_epochs=1,
+        buffer_size=args.buffer_size,
+        return_uint8=True,
+    )
+    if stats.epoch_coverage != [1.0] * (1 + args.reader_epochs):
+        raise SystemExit(f"reader: incomplete epochs, coverage {stats.epoch_coverage}")
+    return (
+        stats.samples_per_s,
+        stats.camera_frames_per_s,
+        stats.window_samples,
+        stats.window_s,
+    )
+
+
+def measure_baseline(source: Path, args: argparse.Namespace) -> tuple[float, int, float]:
+    """(samples/s, samples, seconds) of LeRobotSource under a shuffling DataLoader."""
+    ds = LeRobotSource(str(source), return_uint8=True)
+    loader = DataLoader(
+        ds,
+        batch_size=args.batch_size,
+        shuffle=True,
+        num_workers=args.workers,
+        persistent_workers=args.workers > 0,
+        worker_init_fn=one_thread if args.workers > 0 else None,
+        generator=torch.Generator().manual_seed(0),
+    )
+
+    def batches():
+        while True:
+            yield from loader
+
+    it = batches()
+    for _ in range(args.warmup_batches):
+        next(it)
+    samples = 0
+    started = time.perf_counter()
+    while (elapsed := time.perf_counter() - started) < args.seconds:
+        samples += len(next(it)["index"])
+    elapsed = time.perf_counter() - started
+    return samples / elapsed, samples, elapsed
+
+
+def decode_file(path: str) -> int:
+    """Every frame of one video file, in order, to rgb24 (as a loader must deliver it)."""
+    count = 0
+    with av.open(path) as container:
+        for frame in container.decode(video=0):
+            frame.to_ndarray(format="rgb24")
+            count += 1
+    return count
+
+
+def measure_ceiling(source: Path, workers: int) -> tuple[float, int, list[float]]:
+    """(best camera frames/s, frames, every run's frames/s) of in-order decoding on a pool."""
+    files = sorted(str(p) for p in (source / "videos").rglob("*.mp4"))
+    rates = []
+    with multiprocessing.get_context("fork").Pool(max(1, workers)) as pool:
+        for _ in range(2):
+            started = time.perf_counter()
+            frames = sum(pool.imap_unordered(decode_file, files, chunksize=1))
+            rates.append(frames / (time.perf_counter() - started))
+    return max(rates), frames, rates
+
+
+def measure_first_batch(shards: Path, args: argparse.Namespace, buffer_size: int) -> float:
+    """Seconds from constructing the dataset to its first batch through the DataLoader."""
+    stats = stream(
+        str(shards),
+        workers=args.workers,
+        batch_size=args.batch_size,
+        seconds=1e-9,
+        epochs=1,
+        buffer_size=buffer_size,
+        return_uint8=True,
+    )
+    return stats.first_batch_s
+
+
+# ----------------------------------------------------------------------------- memory
+
+
+def tree_memory(pid: int) -> tuple[int, int]:
+    """(sum of PSS, sum of RSS) in bytes over ``pid`` and its descendants."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    pss = rss = 0
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        todo.extend(children.get(p, []))
+        try:
+            with open(f"/proc/{p}/smaps_rollup") as f:
+                for line in f:
+                    if line.startswith("Rss:"):
+                        rss += int(line.split()[1]) * 1024
+                    elif line.startswith("Pss:"):
+                        pss += int(line.split()[1]) * 1024
+        except OSError:
+            pass
+    return pss, rss
+
+
+def memory_child(shards: str, budget_gb: float, workers: int, batch_size: int) -> None:
+    """A training-style loop: one epoch, one optimizer step of a small model per batch."""
+    from lerobot_shards import ShardedLeRobotDataset
+
+    torch.manual_seed(0)
+    ds = ShardedLeRobotDataset(shards, byte_budget_gb=budget_gb, return_uint8=True)
+    ds.num_workers = workers
+    loader = DataLoader(ds, batch_size=batch_size, num_workers=workers, worker_init_fn=one_thread)
+    cameras = ds.meta.camera_keys
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3 * len(cameras), 8, 3, stride=2),
+        torch.nn.Flatten(),
+        torch.nn.LazyLinear(int(np.prod(ds.meta.features["action"]["shape"]))),
+    )
+    model(torch.zeros(1, 3 * len(cameras), 60, 80))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    samples = 0
+    for batch in loader:
+        images = torch.cat([batch[key] for key in cameras], dim=1).float().div_(255)
+        images = torch.nn.functional.avg_pool2d(images, 8)
+        loss = torch.nn.functional.mse_loss(model(images), batch["action"])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        samples += len(batch["index"])
+    print(f"{samples}", flush=True)
+
+
+def measure_memory(
+    shards: Path, budget_gb: float, args: argparse.Namespace
+) -> tuple[int, int, int, float]:
+    """(peak tree PSS, peak tree RSS, samples, seconds) of the loop in a fresh process."""
+    command = [
+        sys.executable,
+        __file__,
+        "--memory-child",
+        str(shards),
+        str(budget_gb),
+        "--workers",
+        str(args.workers),
+        "--batch-size",
+        str(args.batch_size),
+    ]
+    started = time.perf_counter()
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    peak = [0, 0]
+
+    def sample() -> None:
+        while child.poll() is None:
+            pss, rss = tree_memory(child.pid)
+            peak[0], peak[1] = max(peak[0], pss), max(peak[1], rss)
+            time.sleep(0.1)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    out, _ = child.communicate()
+    sampler.join()
+    if child.returncode != 0:
+        raise SystemExit(f"memory loop failed with exit code {child.returncode}")
+    return peak[0], peak[1], int(out.split()[-1]), time.perf_counter() - started
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cache", type=Path, default=Path("/tmp/lerobot-shards-bench"))
+    parser.add_argument("--workers", type=int, default=2, help="DataLoader workers (all loaders)")
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--buffer-size", type=int, default=64, help="reader pool (episodes)")
+    parser.add_argument("--reader-epochs", type=int, default=2, help="timed epochs after warm-up")
+    parser.add_argument("--seconds", type=float, default=20.0, help="baseline timing window")
+    parser.add_argument("--warmup-batches", type=int, default=8, help="baseline warm-up")
+    parser.add_argument("--skip-memory", action="store_true")
+    parser.add_argument("--memory-child", nargs=2, metavar=("SHARDS", "BUDGET_GB"), help="internal")
+    args = parser.parse_args()
+    if args.memory_child:
+        memory_child(
+            args.memory_child[0], float(args.memory_child[1]), args.workers, args.batch_size
+        )
+        return
+
+    torch.set_num_threads(1)
+    lengths = np.random.default_rng(0).integers(60, 101, EPISODES).tolist()
+    name = f"read-v30-{EPISODES}ep-2x480x640"
+    source = cached_dataset(
+        args.cache, name, episode_lengths=lengths, cameras=CAMERAS_2X480X640, fps=FPS
+    )
+    shards = cached_conversion(source, args.cache / f"{name}-shards")
+    for path in [*source.rglob("*"), *shards.rglob("*")]:  # page cache warm for everyone
+        if path.is_file():
+            path.read_bytes()
+    frames = sum(lengths)
+    cameras = len(CAMERAS_2X480X640)
+
+    print(machine_line())
+    print(
+        f"dataset: {source} ({EPISODES} episodes, {frames} frames, {cameras} cameras 480x640 "
+        f"AV1 GOP 2, realistic content); shards at {shards}"
+    )
+    print(
+        f"config: {args.workers} DataLoader workers (1 intra-op thread each), batch "
+        f"{args.batch_size}, return_uint8=True, shuffle; reader buffer_size={args.buffer_size}",
+        flush=True,
+    )
+
+    ceiling, ceiling_frames, runs = measure_ceiling(source, args.workers)
+    print(
+        f"ceiling:  {ceiling:7.1f} camera frames/s  in-order PyAV decode to rgb24 of every frame "
+        f"({ceiling_frames} frames, {args.workers} processes; runs "
+        f"{', '.join(f'{r:.0f}' for r in runs)})",
+        flush=True,
+    )
+    reader, reader_frames, n, secs = measure_reader(shards, args)
+    print(
+        f"reader:   {reader:7.1f} samples/s = {reader_frames:.1f} camera frames/s  "
+        f"(ShardedLeRobotDataset, {n} samples in {secs:.1f} s over {args.reader_epochs} whole "
+        "epochs after a warm-up epoch)",
+        flush=True,
+    )
+    baseline, n, secs = measure_baseline(source, args)
+    print(
+        f"baseline: {baseline:7.1f} samples/s = {baseline * cameras:.1f} camera frames/s  "
+        f"(LeRobotSource, shuffling DataLoader, {n} samples in {secs:.1f} s)",
+        flush=True,
+    )
+    first = measure_first_batch(shards, args, args.buffer_size)
+    small = 4
+    first_small = measure_first_batch(shards, args, small)
+    print(
+        f"first batch: {first:.2f} s with buffer_size={args.buffer_size}, {first_small:.2f} s "
+        f"with buffer_size={small}  (construct to first batch, local shards)",
+        flush=True,
+    )
+    print("targets:")
+    ratio = reader / baseline
+    print(
+        f"  reader / baseline samples/s:       {ratio:6.2f}x  target >= 3x   {verdict(ratio >= 3)}"
+    )
+    closeness = reader_frames / ceiling
+    print(
+        f"  reader camera frames/s / ceiling:  {closeness:6.2f}   target >= 0.7  "
+        f"{verdict(closeness >= 0.7)}"
+    )
+    print(
+        f"  time to first batch:               {first:6.2f} s  target < 1 s   "
+        f"{verdict(first < 1)}  (buffer_size={args.buffer_size})"
+    )
+    if not args.skip_memory:
+        pss, rss, n, secs = measure_memory(shards, 1.0, args)
+        limit = 1.5 * GB
+        print(
+            f"  peak memory, byte_budget_gb=1:     {pss / GB:6.2f} GB PSS ({rss / GB:.2f} GB RSS) "
+            f"/ 1.5 GB = {pss / limit:.2f}  target <= 1   {verdict(pss <= limit)}  (process tree "
+            f"of a training loop, {args.workers} workers each with its own 1 GB pool; {n} "
+            f"samples in {secs:.1f} s)"
+        )
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(f"load average at the end (1, 5, 15 min): {load}  (2 cores shared with other work)")
+
+
+if __name__ == "__main__":
+    main()
