@@ -47,17 +47,41 @@ def main() -> None:
 @click.argument("source")
 @click.argument("dest")
 @click.option("--episodes", help="Episodes to convert, e.g. 0,3,5-9 (default: all).")
-@click.option("--workers", type=click.IntRange(min=0), help="Processes (default: CPU count).")
+@click.option(
+    "--workers",
+    type=click.IntRange(min=0),
+    help="Processes of the local executor (default: CPU count).",
+)
 @click.option("--overwrite", is_flag=True, help="Delete DEST first and start afresh.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
+@click.option(
+    "--executor",
+    type=click.Choice(["local", "ray"]),
+    default="local",
+    show_default=True,
+    help="Where episodes are converted: a local process pool, or Ray tasks on a cluster "
+    "(needs pip install 'lerobot-shards[ray]').",
+)
+@click.option(
+    "--ray-address",
+    help="Ray cluster to connect to (default: RAY_ADDRESS, else a new local Ray instance).",
+)
+@click.option(
+    "--max-in-flight",
+    type=click.IntRange(min=1),
+    help="Episodes submitted and not yet collected (default: twice the workers, or with Ray "
+    "twice the cluster's CPUs).",
+)
 def convert(
     source: str, dest: str, episodes: str | None, workers: int | None, overwrite: bool,
-    no_progress: bool,
+    no_progress: bool, executor: str, ray_address: str | None, max_in_flight: int | None,
 ) -> None:  # fmt: skip
     """Convert the LeRobot dataset at SOURCE into shards at DEST (paths or fsspec URLs).
 
     Rerunning an interrupted conversion finishes it without redoing finished episodes.
     """
+    if ray_address is not None and executor != "ray":
+        raise click.UsageError("--ray-address needs --executor ray")
     from lerobot_shards.converter.run import ConvertError
     from lerobot_shards.converter.run import convert as run_convert
     from lerobot_shards.source import SourceError
@@ -70,6 +94,9 @@ def convert(
             workers=workers,
             overwrite=overwrite,
             progress=not no_progress,
+            executor=executor,
+            ray_address=ray_address,
+            max_in_flight=max_in_flight,
         )
     except (ConvertError, SourceError) as exc:
         raise click.ClickException(str(exc)) from exc

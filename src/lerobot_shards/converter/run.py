@@ -1,5 +1,9 @@
 """The conversion driver: episodes in parallel, resumable, with progress; ``convert()``.
 
+Every executor runs the same per-episode function, ``convert_episode``: in this process, in a
+local process pool, or as Ray tasks on a cluster (``ray_executor``). The driver alone decides
+what to convert, shows progress and writes the dataset-level files.
+
 Resume works from small per-episode records: after an episode's shard is in place, its manifest
 row is saved under ``DEST/.convert/done/``. A rerun trusts a record whose shard still has the
 recorded size and converts everything else; ``index.json`` is written last, so an interrupted
@@ -14,6 +18,7 @@ import multiprocessing
 import os
 import posixpath
 import time
+import uuid
 from collections.abc import Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import asdict, dataclass
@@ -49,6 +54,7 @@ from lerobot_shards.source import Source, open_source
 STATE_DIR = ".convert"
 OPTIONS_FILE = f"{STATE_DIR}/options.json"
 DONE_DIR = f"{STATE_DIR}/done"
+EXECUTORS = ("local", "ray")
 
 
 class ConvertError(RuntimeError):
@@ -89,28 +95,67 @@ def convert(
     dest_storage_options: dict | None = None,
     progress: bool = True,
     tolerance_s: float = DEFAULT_TOLERANCE_S,
+    executor: str = "local",
+    ray_address: str | None = None,
+    max_in_flight: int | None = None,
 ) -> ConvertSummary:
     """Convert a LeRobot dataset (v3.0 or v2.1) at ``source`` into shards at ``dest``.
 
     Reruns resume: only missing or broken episodes are converted. ``overwrite`` deletes
     ``dest`` first; without it, a destination holding another conversion is refused.
-    ``workers`` defaults to the CPU count; 0 or 1 converts in this process (also forced for
-    ``memory://`` paths, whose contents live in one process).
+
+    ``executor="local"``: ``workers`` processes, default the CPU count; 0 or 1 converts in this
+    process (also forced for ``memory://`` paths, whose contents live in one process).
+    ``executor="ray"``: Ray tasks on the cluster at ``ray_address`` (default: ``RAY_ADDRESS``,
+    else a new local Ray instance; an already initialised Ray is used as it is); source and
+    destination must be reachable from every node. ``max_in_flight`` bounds the episodes
+    submitted and not yet collected (default: twice the workers, or the cluster's CPUs).
+    Both executors write the same bytes.
     """
     started = time.perf_counter()
+    if executor not in EXECUTORS:
+        raise ConvertError(f"unknown executor {executor!r}; expected one of {EXECUTORS}")
+    if executor == "ray":
+        if workers is not None:
+            raise ConvertError(
+                "workers is for the local executor; Ray runs a task per episode on the "
+                "cluster's CPUs (bound them with max_in_flight)"
+            )
+        from lerobot_shards.converter.ray_executor import import_ray
+
+        import_ray()  # before touching DEST: says how to install Ray if it is missing
     src = open_source(source, storage_options)
     fs, root = fsspec.core.url_to_fs(str(dest), **(dest_storage_options or {}))
     root = root.rstrip("/") or "/"
+    in_memory = "memory" in _protocols(fs) or "memory" in _protocols(src.fs)
+    if executor == "ray" and in_memory:
+        raise ConvertError(
+            f"{source} -> {dest}: memory:// lives in one process; the Ray executor needs "
+            "storage its workers can reach (a shared disk, s3://, gs://, hf://...)"
+        )
     selected = _select(src, episodes)
     options = _options(src, selected)
     _prepare_dest(fs, root, str(dest), src, options, overwrite)
 
     done = _finished_records(fs, root, selected)
     todo = [i for i in selected if i not in done]
-    n_workers = (os.cpu_count() or 1) if workers is None else max(0, int(workers))
-    if "memory" in _protocols(fs) or "memory" in _protocols(src.fs):
-        n_workers = 0
-    job = _JobArgs(source, storage_options, str(dest), dest_storage_options, tolerance_s)
+    args = JobArgs(
+        source=_absolute(str(source)),
+        storage_options=storage_options,
+        dest=_absolute(str(dest)),
+        dest_storage_options=dest_storage_options,
+        tolerance_s=tolerance_s,
+        run_id=uuid.uuid4().hex,
+    )
+    if executor == "ray":
+        from lerobot_shards.converter.ray_executor import run_ray
+
+        finished = run_ray(args, todo, address=ray_address, max_in_flight=max_in_flight)
+    else:
+        n_workers = (os.cpu_count() or 1) if workers is None else max(0, int(workers))
+        if in_memory:
+            n_workers = 0
+        finished = _run_local(args, src, todo, n_workers, max_in_flight or 2 * n_workers)
     written = 0
     with tqdm(
         total=len(selected),
@@ -121,7 +166,7 @@ def convert(
         smoothing=0.1,
     ) as bar:
         run_started = time.perf_counter()
-        for row in _run(job, src, todo, n_workers):
+        for row in finished:
             done[row.episode_index] = row
             written += row.size
             bar.update(1)
@@ -129,6 +174,7 @@ def convert(
             bar.set_postfix_str(f"{written / 1e6 / max(elapsed, 1e-9):.1f} MB/s", refresh=False)
 
     rows = [done[i] for i in selected]
+    _remove_stale_temp_files(fs, root)  # left by workers that died mid-write and were retried
     _write_dataset_files(fs, root, src, rows)
     return ConvertSummary(
         dest=str(dest),
@@ -255,80 +301,93 @@ def _protocols(fs: fsspec.AbstractFileSystem) -> tuple[str, ...]:
     return (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
 
 
+def _absolute(url: str) -> str:
+    """A local path made absolute (workers may run in another directory); URLs as they are."""
+    return url if "://" in url or "::" in url else os.path.abspath(url)
+
+
 # --------------------------------------------------------------------------------------------
 # converting episodes
 # --------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class _JobArgs:
-    """What a worker process needs to open the source and the destination itself."""
+class JobArgs:
+    """What any process (a pool worker, a Ray worker) needs to convert one episode."""
 
     source: str
     storage_options: dict | None
     dest: str
     dest_storage_options: dict | None
     tolerance_s: float
+    run_id: str
+    """Unique per ``convert()`` call: a long-lived worker reopens the source for a new run."""
 
 
 class _Job:
-    def __init__(self, args: _JobArgs, src: Source | None = None) -> None:
+    """The source and destination opened once per process and run, reused across episodes."""
+
+    def __init__(self, args: JobArgs, src: Source | None = None) -> None:
         self.args = args
         self.src = src or open_source(args.source, args.storage_options)
         self.fs, root = fsspec.core.url_to_fs(args.dest, **(args.dest_storage_options or {}))
         self.root = root.rstrip("/") or "/"
 
-    def __call__(self, episode_index: int) -> ManifestRow:
-        row = write_episode_shard(
-            self.src, episode_index, self.fs, self.root, self.args.tolerance_s
-        )
-        record = _record_path(self.root, episode_index)
-        self.fs.makedirs(posixpath.dirname(record), exist_ok=True)
-        with self.fs.open(record, "wb") as f:
-            f.write(_row_to_json(row))
-        return row
+
+_PROCESS_JOB: _Job | None = None
 
 
-_WORKER_JOB: _Job | None = None
+def _job_for(args: JobArgs, src: Source | None = None) -> _Job:
+    global _PROCESS_JOB
+    if _PROCESS_JOB is None or _PROCESS_JOB.args != args:
+        _PROCESS_JOB = _Job(args, src)
+    return _PROCESS_JOB
 
 
-def _init_worker(args: _JobArgs) -> None:
-    global _WORKER_JOB
-    _WORKER_JOB = _Job(args)
+def convert_episode(args: JobArgs, episode_index: int) -> ManifestRow:
+    """The per-episode work every executor runs: write the shard, then its resume record.
+
+    Idempotent, so a retry after a crash is safe: the shard appears atomically (temp file and
+    rename, or one upload) with the same bytes every time, and the record is rewritten.
+    """
+    job = _job_for(args)
+    row = write_episode_shard(job.src, episode_index, job.fs, job.root, args.tolerance_s)
+    record = _record_path(job.root, episode_index)
+    job.fs.makedirs(posixpath.dirname(record), exist_ok=True)
+    with job.fs.open(record, "wb") as f:
+        f.write(_row_to_json(row))
+    return row
 
 
-def _work(episode_index: int) -> ManifestRow:
-    assert _WORKER_JOB is not None, "worker not initialised"
-    return _WORKER_JOB(episode_index)
-
-
-def _run(args: _JobArgs, src: Source, todo: list[int], workers: int) -> Iterator[ManifestRow]:
-    """Convert the episodes, yielding rows as they finish; the first failure stops the run."""
+def _run_local(
+    args: JobArgs, src: Source, todo: list[int], workers: int, in_flight: int
+) -> Iterator[ManifestRow]:
+    """Convert the episodes here or in a process pool, yielding rows as they finish; the first
+    failure stops the run."""
     if not todo:
         return
     if workers <= 1:
-        job = _Job(args, src)
-        for i in todo:
-            yield _checked(job, i)
+        global _PROCESS_JOB
+        _job_for(args, src)  # reuse the driver's open source
+        try:
+            for i in todo:
+                yield _checked(args, i)
+        finally:
+            _PROCESS_JOB = None
         return
     # fork where the platform has it (as torch's DataLoader does): workers start without
     # re-importing torch/pyarrow/av, seconds per worker. Each worker still opens its own source
     # and destination, and fsspec and pyarrow reset their threads and loops in a forked child.
     methods = multiprocessing.get_all_start_methods()
     ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-    with ProcessPoolExecutor(
-        max_workers=min(workers, len(todo)),
-        mp_context=ctx,
-        initializer=_init_worker,
-        initargs=(args,),
-    ) as pool:
+    with ProcessPoolExecutor(max_workers=min(workers, len(todo)), mp_context=ctx) as pool:
         pending: dict[Future, int] = {}
         queue = iter(todo)
         try:
             while True:
                 # Bounded in flight: memory stays flat whatever the number of episodes.
-                while len(pending) < 2 * workers and (i := next(queue, None)) is not None:
-                    pending[pool.submit(_work, i)] = i
+                while len(pending) < max(1, in_flight) and (i := next(queue, None)) is not None:
+                    pending[pool.submit(convert_episode, args, i)] = i
                 if not pending:
                     break
                 finished, _ = wait(pending, return_when=FIRST_COMPLETED)
@@ -343,9 +402,9 @@ def _run(args: _JobArgs, src: Source, todo: list[int], workers: int) -> Iterator
                 fut.cancel()
 
 
-def _checked(job: _Job, episode_index: int) -> ManifestRow:
+def _checked(args: JobArgs, episode_index: int) -> ManifestRow:
     try:
-        return job(episode_index)
+        return convert_episode(args, episode_index)
     except Exception as exc:
         raise ConvertError(f"episode {episode_index}: {exc}") from exc
 
