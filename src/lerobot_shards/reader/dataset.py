@@ -25,6 +25,37 @@ fetched or decoded.
   exactly.
 - torchdata's ``StatefulDataLoader`` calls ``state_dict``/``load_state_dict`` inside each
   worker; the worker's state then carries its id, its part and its own offset.
+
+The state format. ``state_dict()`` returns a plain dict (JSON-serialisable):
+
+- ``epoch``, ``offset``: the consumer took ``offset`` samples of the stream that starts at
+  ``epoch`` (per rank: every rank of a DDP job is at the same step, so every rank's state is the
+  same and any one of them is the checkpoint). With ``repeat=True`` the offset may run past the
+  end of the epoch.
+- ``batch_size``: the DataLoader's, for the round-robin arithmetic over workers.
+- ``world_size``, ``num_workers``: the layout that produced it (``num_workers`` 0 when the rank
+  iterated in process; None when unknown: ``ds.num_workers`` was not set and the state came
+  from ``state_dict(num_samples=...)``).
+- ``seed``, ``shuffle``, ``buffer_size``, ``byte_budget`` (bytes or None), ``pad``, ``repeat``:
+  the settings that shape the order.
+- ``fingerprint``: ``format.manifest_fingerprint`` of the selected episodes' manifest rows.
+  Loading a state of another dataset or episode selection is refused with a ``ValueError``.
+- ``resumed_from`` (only while the rest of an elastically resumed epoch runs): the state the
+  rest was planned from; ``epoch`` is then the rest's first epoch and ``offset`` counts the
+  samples taken since the resume.
+- ``worker_id``, ``role``: only in a StatefulDataLoader worker's own state.
+
+A state of only ``{"epoch", "offset", "batch_size"}`` (the first format) resumes as before,
+assuming the current layout and settings. A full state whose layout and settings match the
+current ones resumes the very same stream. Otherwise (another world size, another number of
+DataLoader workers, another seed, pool size, budget, padding or repeat) the resume is elastic
+(``elastic.py``): the frames the checkpoint consumed are found by replaying the old layout's
+planner (first draws of each old part), and the rest of the epoch is split over the new layout,
+every frame still exactly once, every part still yielding the same number of samples; the next
+epoch starts fresh under the new layout. Byte costs in that replay come from the current
+``delta_timestamps``. With DataLoader workers set ``ds.num_workers`` to the loader's
+``num_workers`` before ``state_dict``/``load_state_dict``: the resume is planned in the main
+process and checked against the workers.
 """
 
 from __future__ import annotations
@@ -48,15 +79,24 @@ from lerobot_shards.format import (
     TASKS_FILE,
     FormatError,
     join,
+    manifest_fingerprint,
     read_index,
     read_manifest,
 )
 from lerobot_shards.items import ItemSpec, delta_indices
 from lerobot_shards.reader.decode import check_backend
+from lerobot_shards.reader.elastic import (
+    Checkpoint,
+    Layout,
+    Ordering,
+    Part,
+    Planner,
+    consumed_per_worker,
+)
 from lerobot_shards.reader.episode import Episode, load_episode, needed_range
 from lerobot_shards.reader.fetch import ADMIT, EVICT, Prefetcher, Span, read_span
-from lerobot_shards.reader.partition import part_index, samples_per_part, split_parts
-from lerobot_shards.reader.plan import Admit, Draw, Evict, check_budget, plan_part
+from lerobot_shards.reader.partition import part_index, samples_per_part
+from lerobot_shards.reader.plan import Admit, Draw, Evict, check_budget
 
 GB = 10**9
 
@@ -87,41 +127,14 @@ class _Cursor:
     """Which of the rank's workers' parts this stream plays (its own unless resumed)."""
     epoch: int
     offset: int
+    """Draws made in ``epoch``'s part."""
     per_epoch: int
-
-
-def consumed_per_worker(
-    offset: int, per_worker: Sequence[int], batch_size: int, repeat: bool
-) -> tuple[list[int], int]:
-    """Samples each DataLoader worker had produced once the consumer took ``offset`` samples.
-
-    The DataLoader asks workers ``0..W-1`` in turn for a batch (of ``batch_size`` samples, the
-    last one of a finite worker stream short) and skips a worker once it is exhausted, so its
-    output is the workers' batches in round-major order. Also returns the worker whose batch
-    comes next. ``per_worker`` is each worker's samples per epoch; with ``repeat`` the streams
-    run on and every batch is full.
-    """
-    workers = len(per_worker)
-    b = max(1, batch_size)
-    if repeat:
-        batches, partial = divmod(offset, b)
-        rounds, nxt = divmod(batches, workers)
-        taken = [rounds * b + (b if w < nxt else 0) for w in range(workers)]
-        taken[nxt] += partial
-        return taken, nxt
-    counts = np.asarray(per_worker, dtype=np.int64)
-    rounds = int(-(-counts.max() // b)) if len(counts) and counts.max() > 0 else 0
-    sizes = np.clip(counts[None, :] - b * np.arange(rounds)[:, None], 0, b).ravel()
-    ends = np.cumsum(sizes)
-    done = int(np.searchsorted(ends, offset, side="right"))  # whole batches taken
-    taken = np.bincount(np.arange(done) % workers, weights=sizes[:done], minlength=workers)
-    taken = taken.astype(np.int64)
-    rest = np.flatnonzero(sizes[done:] > 0)
-    if not len(rest):
-        return counts.tolist(), 0
-    nxt = int((done + rest[0]) % workers)
-    taken[nxt] += offset - (int(ends[done - 1]) if done else 0)
-    return taken.tolist(), nxt
+    origin: Checkpoint | None
+    """While streaming the rest of an epoch planned from an elastic resume: its checkpoint."""
+    stream_epoch: int
+    stream_offset: int
+    """Samples since the stream began (at ``stream_epoch``, or at the rest's start)."""
+    num_workers: int
 
 
 def rank_and_world_size() -> tuple[int, int]:
@@ -205,11 +218,16 @@ class ShardedLeRobotDataset(IterableDataset):
         whole = [(int(e), 0, int(n)) for e, n in zip(self._episodes, self._lengths, strict=True)]
         check_budget([self._cost(*p) for p in whole], self.byte_budget, self._episodes)
         self.num_workers = 0
+        self._planner = Planner(self._episodes, self._lengths, self._cost)
+        self._fingerprint: str | None = None
         self._next = (0, 0)  # (epoch, offset) the next iteration starts at
         self._current = (0, 0)  # where the current (or last) iteration started
+        self._next_origin: Checkpoint | None = None  # with an elastic rest: its checkpoint
+        self._current_origin: Checkpoint | None = None
         self._batch_size = 1
         self._resume_worker: dict | None = None
         self._resume_pending = False
+        self._check_workers: int | None = None  # workers a loaded state was planned for
         self._cursor: _Cursor | None = None
         self._stats = {"peak_budget_bytes": 0, "peak_resident_memory": 0}
 
@@ -357,45 +375,186 @@ class ShardedLeRobotDataset(IterableDataset):
         if self._resume_pending and self._next[0] == int(epoch):
             return
         self._next = self._current = (int(epoch), 0)
+        self._next_origin = self._current_origin = None
         self._resume_worker = None
         self._resume_pending = False
+        self._check_workers = None
         self._cursor = None
+
+    @property
+    def fingerprint(self) -> str:
+        """``manifest_fingerprint`` of the selected episodes' manifest rows."""
+        if self._fingerprint is None:
+            self._fingerprint = manifest_fingerprint(self._manifest)
+        return self._fingerprint
+
+    def _ordering(self) -> Ordering:
+        return Ordering(
+            self.seed, self.shuffle, self.buffer_size, self.byte_budget, self.pad, self.repeat
+        )
+
+    def _state(
+        self,
+        epoch: int,
+        offset: int,
+        batch_size: int,
+        num_workers: int | None,
+        origin: Checkpoint | None,
+    ) -> dict[str, Any]:
+        """A state dict in the format the module docstring describes."""
+        ordering = self._ordering()
+        state = {
+            "epoch": epoch,
+            "offset": offset,
+            "batch_size": batch_size,
+            "world_size": rank_and_world_size()[1],
+            "num_workers": num_workers,
+            "seed": ordering.seed,
+            "shuffle": ordering.shuffle,
+            "buffer_size": ordering.buffer_size,
+            "byte_budget": ordering.byte_budget,
+            "pad": ordering.pad,
+            "repeat": ordering.repeat,
+            "fingerprint": self.fingerprint,
+        }
+        if origin is not None:
+            state["resumed_from"] = self._checkpoint_state(origin)
+        return state
+
+    def _checkpoint_state(self, c: Checkpoint) -> dict[str, Any]:
+        o = c.ordering
+        state = {
+            "epoch": c.epoch,
+            "offset": c.offset,
+            "batch_size": c.batch_size,
+            "world_size": c.layout.world_size,
+            "num_workers": c.layout.num_workers,
+            "seed": o.seed,
+            "shuffle": o.shuffle,
+            "buffer_size": o.buffer_size,
+            "byte_budget": o.byte_budget,
+            "pad": o.pad,
+            "repeat": o.repeat,
+            "fingerprint": self.fingerprint,
+        }
+        if c.origin is not None:
+            state["resumed_from"] = self._checkpoint_state(c.origin)
+        return state
+
+    def _checkpoint(self, state: Mapping[str, Any], num_workers: int) -> Checkpoint:
+        """The checkpoint a full state describes (``num_workers`` stands in for an unknown)."""
+        try:
+            workers = state["num_workers"]
+            origin = state.get("resumed_from")
+            return Checkpoint(
+                epoch=int(state["epoch"]),
+                offset=int(state["offset"]),
+                batch_size=max(1, int(state.get("batch_size") or 1)),
+                layout=Layout(
+                    int(state["world_size"]), num_workers if workers is None else int(workers)
+                ),
+                ordering=Ordering(
+                    int(state["seed"]),
+                    bool(state["shuffle"]),
+                    int(state["buffer_size"]),
+                    None if state["byte_budget"] is None else int(state["byte_budget"]),
+                    bool(state["pad"]),
+                    bool(state["repeat"]),
+                ),
+                origin=None if origin is None else self._checkpoint(origin, num_workers),
+            )
+        except KeyError as exc:
+            raise ValueError(f"this state lacks {exc.args[0]!r}: {dict(state)}") from None
 
     def state_dict(
         self, num_samples: int | None = None, batch_size: int | None = None
     ) -> dict[str, Any]:
-        """``{"epoch", "offset", "batch_size"}`` for what the consumer has taken.
+        """What the consumer has taken, in the state format of the module docstring.
 
         ``num_samples``: with DataLoader workers, the samples the training loop took since the
-        DataLoader's iterator started (and ``batch_size`` its batch size, None counting as 1).
-        Without it, what this object yielded (direct iteration), or, inside a DataLoader worker
-        (torchdata's StatefulDataLoader), that worker's own position.
+        DataLoader's iterator started (and ``batch_size`` its batch size, None counting as 1);
+        set ``ds.num_workers`` to the loader's ``num_workers`` so the state records it (an
+        elastic resume needs it). Without it, what this object yielded (direct iteration), or,
+        inside a DataLoader worker (torchdata's StatefulDataLoader), that worker's own position.
         """
         b = self._batch_size if batch_size is None else max(1, int(batch_size))
+        cursor = self._cursor
         if num_samples is not None:
             epoch, offset = self._current
-            return {"epoch": epoch, "offset": offset + int(num_samples), "batch_size": b}
-        cursor = self._cursor
+            if self.num_workers > 0:
+                workers = self.num_workers
+            elif cursor is not None:  # the DataLoader iterated this very object
+                workers = cursor.num_workers
+            else:
+                workers = None
+            return self._state(epoch, offset + int(num_samples), b, workers, self._current_origin)
+        info = get_worker_info()
         if cursor is None:
             epoch, offset = self._next
-            return {"epoch": epoch, "offset": offset, "batch_size": b}
-        epoch, offset = cursor.epoch, cursor.offset
-        if offset >= cursor.per_epoch > 0 and not self.repeat:
-            epoch, offset = epoch + 1, 0
-        state = {"epoch": epoch, "offset": offset, "batch_size": b}
-        info = get_worker_info()
+            workers = info.num_workers if info is not None else self.num_workers
+            return self._state(epoch, offset, b, workers, self._next_origin)
+        origin = cursor.origin
+        if origin is not None and (self.repeat or cursor.offset < cursor.per_epoch):
+            epoch, offset = cursor.stream_epoch, cursor.stream_offset
+        else:
+            origin = None
+            epoch, offset = cursor.epoch, cursor.offset
+            if offset >= cursor.per_epoch and (cursor.per_epoch > 0 or cursor.origin):
+                epoch, offset = epoch + 1, 0
+        state = self._state(epoch, offset, b, cursor.num_workers, origin)
         if info is not None:
-            state.update(worker_id=info.id, num_workers=info.num_workers, role=cursor.role)
+            state.update(worker_id=info.id, role=cursor.role)
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Make the next iteration yield exactly what followed the state's position."""
+        """Make the next iteration yield exactly what followed the state's position.
+
+        A state taken under another layout (world size, DataLoader workers) or other ordering
+        settings resumes elastically: the rest of its epoch, split over this layout.
+        """
         epoch, offset = int(state["epoch"]), int(state["offset"])
         if offset < 0 or epoch < 0:
             raise ValueError(f"a state needs a non-negative epoch and offset, got {dict(state)}")
+        theirs = state.get("fingerprint")
+        if theirs is not None and theirs != self.fingerprint:
+            raise ValueError(
+                f"this state was taken on another dataset: its manifest fingerprint is {theirs}, "
+                f"{self.root} (with {self.num_episodes} selected episodes) has {self.fingerprint}; "
+                "resume on the dataset and episode selection the checkpoint was taken on"
+            )
         self._batch_size = max(1, int(state.get("batch_size") or 1))
-        self._next = self._current = (epoch, offset)
-        self._resume_worker = dict(state) if "worker_id" in state else None
+        worker_state = "worker_id" in state
+        info = get_worker_info()
+        workers = info.num_workers if info is not None else max(1, self.num_workers)
+        self._check_workers = None
+        self._next_origin = None
+        self._resume_worker = dict(state) if worker_state else None
+        self._next = (epoch, offset)
+        if "world_size" in state:  # a full state: the layout and settings are known
+            checkpoint = self._checkpoint(state, workers)
+            world = rank_and_world_size()[1]
+            same = (checkpoint.layout.world_size, checkpoint.layout.workers) == (world, workers)
+            if same and checkpoint.ordering == self._ordering():
+                self._next_origin = checkpoint.origin
+            elif worker_state:
+                raise ValueError(
+                    "this is a StatefulDataLoader worker's state, taken under another layout or "
+                    "other settings (world size, workers, seed, shuffle, buffer, budget, pad, "
+                    "repeat): elastic resume needs the rank's state, "
+                    "ds.state_dict(num_samples=..., batch_size=...)"
+                )
+            elif state["num_workers"] is None:
+                raise ValueError(
+                    "this state does not record how many DataLoader workers produced it (set "
+                    "ds.num_workers to the loader's num_workers before ds.state_dict), so it "
+                    "cannot resume under another world size or other settings"
+                )
+            else:
+                self._next = (self._planner.rest_epoch(checkpoint), 0)
+                self._next_origin = checkpoint
+            if state["num_workers"] is not None and not worker_state:
+                self._check_workers = workers
+        self._current, self._current_origin = self._next, self._next_origin
         self._resume_pending = True
         self._cursor = None
 
@@ -403,13 +562,20 @@ class ShardedLeRobotDataset(IterableDataset):
 
     def __iter__(self) -> Iterator[dict]:
         epoch, offset = self._next
+        origin = self._next_origin
         self._next = (epoch + 1, 0)
-        self._current = (epoch, offset)
+        self._current, self._current_origin = (epoch, offset), origin
+        self._next_origin = None
         rank, world, worker, workers = self._layout()
+        expected, self._check_workers = self._check_workers, None
+        if expected is not None and expected != workers:
+            raise ValueError(
+                f"the state was loaded for {expected} DataLoader worker(s) per rank, but this "
+                f"loader has {workers}: set ds.num_workers = {workers} before load_state_dict"
+            )
         first = part_index(rank, world, 0, workers)[0]
         num_parts = world * workers
-        per_part = self._part_samples(num_parts)
-        per_worker = per_part[first : first + workers]
+        ordering, planner = self._ordering(), self._planner
         resume = self._resume_worker
         self._resume_worker = None
         self._resume_pending = False
@@ -424,51 +590,37 @@ class ShardedLeRobotDataset(IterableDataset):
         elif workers == 1:
             role, taken = 0, offset
         else:
+            per_worker = [
+                planner.locate(origin, epoch, ordering, num_parts, first + w, 0)[0].num_samples
+                for w in range(workers)
+            ]
             consumed, nxt = consumed_per_worker(offset, per_worker, self._batch_size, self.repeat)
             role = (nxt + worker) % workers
             taken = consumed[role]
-        n = per_worker[role]
-        if n and self.repeat:
-            epoch, taken = epoch + taken // n, taken % n
-        cursor = _Cursor(role, epoch, min(taken, n), n)
+        part, k, following = planner.locate(origin, epoch, ordering, num_parts, first + role, taken)
+        if origin is not None:
+            self._next = (part.epoch + 1, 0)
+        rest = origin if part.positions is not None else None
+        recorded = workers if get_worker_info() is not None else self.num_workers
+        cursor = _Cursor(role, part.epoch, k, part.num_samples, rest, epoch, taken, recorded)
         self._cursor = cursor
-        return self._stream(first + role, num_parts, cursor)
+        return self._stream(part, following, cursor)
 
-    def _stream(self, part: int, num_parts: int, cursor: _Cursor) -> Iterator[dict]:
-        n = cursor.per_epoch
-        if n == 0 or cursor.offset >= n:
+    def _stream(self, part: Part, following: Iterator[Part], cursor: _Cursor) -> Iterator[dict]:
+        if part.num_samples == 0 or cursor.offset >= part.num_samples:
             return
-        pieces_of: dict[int, Any] = {}
+        parts_of: dict[int, Part] = {}
+        ordering = self._ordering()
 
         def events() -> Iterator[tuple[int, Any]]:
-            epoch, start = cursor.epoch, cursor.offset
+            current, start = part, cursor.offset
             while True:
-                pieces = split_parts(
-                    self._episodes,
-                    self._lengths,
-                    num_parts,
-                    seed=self.seed,
-                    epoch=epoch,
-                    shuffle=self.shuffle,
-                )[part]
-                pieces_of[epoch] = pieces
-                pieces_of.pop(epoch - 2, None)
-                seed = [self.seed, epoch] if num_parts == 1 else [self.seed, epoch, part]
-                plan = plan_part(
-                    pieces,
-                    self._piece_bytes(pieces),
-                    buffer_size=self.buffer_size,
-                    byte_budget=self.byte_budget,
-                    seed=seed,
-                    shuffle=self.shuffle,
-                    num_samples=n,
-                    start=start,
-                )
-                for event in plan:
-                    yield epoch, event
+                parts_of[current.epoch] = current
+                for event in current.plan(ordering, self._cost, start):
+                    yield current.epoch, event
                 if not self.repeat:
                     return
-                epoch, start = epoch + 1, 0
+                current, start = next(following), 0
 
         def classify(step: tuple[int, Any]) -> tuple[str | None, Any]:
             epoch, event = step
@@ -480,14 +632,15 @@ class ShardedLeRobotDataset(IterableDataset):
 
         def size(key: tuple[int, int]) -> int:
             epoch, piece = key
-            p = pieces_of[epoch][piece]
-            return self._cost(p.episode, p.start, p.stop)
+            p = parts_of[epoch]
+            return self._cost(int(p.episodes[piece]), int(p.starts[piece]), int(p.stops[piece]))
 
         fs = self.fs  # resolved here, in the iterating process, not in the fetch threads
 
         def load(key: tuple[int, int]) -> Episode:
             epoch, piece = key
-            return self._load(pieces_of[epoch][piece], fs)
+            p = parts_of[epoch]
+            return self._load(int(p.episodes[piece]), int(p.starts[piece]), int(p.stops[piece]), fs)
 
         prefetcher = Prefetcher(
             load,
@@ -502,10 +655,12 @@ class ShardedLeRobotDataset(IterableDataset):
         for (epoch, event), value in prefetcher.run(events(), classify):
             kind = type(event)
             if kind is Draw:
-                item = resident[(epoch, event.piece)].item(event.frame, self.spec, tasks)
+                if epoch != cursor.epoch:  # the stream ran on into the next epoch
+                    self._advance(cursor, parts_of, epoch)
+                position = parts_of[epoch].position(event.piece, event.frame)
+                item = resident[(epoch, event.piece)].item(position, self.spec, tasks)
                 cursor.offset += 1
-                if cursor.offset == n and self.repeat:
-                    cursor.epoch, cursor.offset = epoch + 1, 0
+                cursor.stream_offset += 1
                 yield item
             elif kind is Admit:
                 resident[(epoch, event.piece)] = value
@@ -519,8 +674,15 @@ class ShardedLeRobotDataset(IterableDataset):
             self._stats["peak_budget_bytes"], prefetcher.peak_bytes
         )
 
-    def _piece_bytes(self, pieces) -> list[int]:
-        return [self._cost(p.episode, p.start, p.stop) for p in pieces]
+    @staticmethod
+    def _advance(cursor: _Cursor, parts_of: dict[int, Part], epoch: int) -> None:
+        """Move the cursor to the start of ``epoch``'s part; forget parts done with."""
+        current = parts_of[epoch]
+        cursor.epoch, cursor.offset, cursor.per_epoch = epoch, 0, current.num_samples
+        if current.positions is None:  # past the rest of an elastic resume: fresh epochs
+            cursor.origin = None
+        for old in [e for e in parts_of if e < epoch - 1]:
+            del parts_of[old]
 
     def _cost(self, episode: int, start: int, stop: int) -> int:
         """What a piece holds in memory while resident: its episode's fetched bytes plus the
@@ -533,12 +695,12 @@ class ShardedLeRobotDataset(IterableDataset):
             decoded += (hi - lo) * frame_bytes
         return int(self._sizes[row]) + decoded
 
-    def _load(self, piece, fs: fsspec.AbstractFileSystem) -> Episode:
-        """Fetch, verify and decode one piece's episode (runs in the prefetch threads)."""
-        row = self._row_of[piece.episode]
+    def _load(self, episode: int, start: int, stop: int, fs: fsspec.AbstractFileSystem) -> Episode:
+        """Fetch, verify and decode a piece's episode, rows ``start:stop`` (in prefetch threads)."""
+        row = self._row_of[episode]
         shard = self._shards[row]
         span = Span(
-            piece.episode,
+            episode,
             join(self._path, shard),
             int(self._offsets[row]),
             int(self._sizes[row]),
@@ -553,12 +715,12 @@ class ShardedLeRobotDataset(IterableDataset):
         return load_episode(
             data,
             members,
-            episode_index=piece.episode,
+            episode_index=episode,
             length=int(self._lengths[row]),
             shard=span.path,
             spec=self.spec,
             backend=self.video_backend,
-            rows=(piece.start, piece.stop),
+            rows=(start, stop),
         )
 
     def __repr__(self) -> str:

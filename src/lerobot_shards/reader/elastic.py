@@ -1,0 +1,430 @@
+"""Elastic resume: finish an epoch under a different rank/worker layout than the checkpoint's.
+
+Pure and numpy only: nothing here fetches or decodes. A checkpoint names a layout (world size,
+DataLoader workers), the settings that shape the order (:class:`Ordering`), an epoch and the
+samples every rank's consumer took (``offset``, equal on every rank: a DDP checkpoint is taken
+at the same step everywhere). Each old part's share of that offset follows from the
+DataLoader's round-robin over workers (:func:`consumed_per_worker`), and the frames it consumed
+are the first draws of its plan, found by replaying the planner (:func:`drawn`).
+
+The rest of the epoch is the epoch's frames minus those consumed. :meth:`Planner.rest_parts`
+splits it over the new layout's parts, a pure function of the seed, the epoch, the remaining
+set and the new layout: the episodes holding remaining frames are laid end to end in a seeded
+order (ascending with ``shuffle=False``), each with its remaining frame positions ascending,
+and the sequence is cut into parts whose sizes differ by at most one frame, as
+:func:`~lerobot_shards.reader.partition.split_parts` cuts a fresh epoch. A piece of such a part
+holds an arbitrary subset of an episode's frames: its pool runs over ``0..count-1`` and each
+drawn position is mapped through the piece's array of frame positions (:class:`Part`), so fresh
+epochs keep their reference order untouched. With padding every part yields the same number of
+samples for the rest of the epoch; the next epoch starts fresh with the new layout.
+
+A checkpoint taken while such a rest was running records the checkpoint the rest was planned
+from (``origin``): the frames consumed in that epoch are then the origin's plus the first
+draws of each rest part, so elastic resumes nest. With ``repeat=True`` the old parts may stand
+in two consecutive epochs; the rest is then one segment per epoch, in order, then fresh epochs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from lerobot_shards.reader.partition import Pieces, samples_per_part, split_parts
+from lerobot_shards.reader.plan import Draw, plan_part
+
+# Entropy word of the rest split's and the rest pools' random streams: apart from the fresh
+# split's (0xFFFF_FFFF) and every fresh pool's ([seed, epoch] or [seed, epoch, part]).
+_REST_STREAM = 0xFFFF_FFFE
+
+Cost = Callable[[int, int, int], int]
+"""``cost(episode, start, stop)``: bytes a piece of rows ``start:stop`` holds while resident."""
+
+
+def consumed_per_worker(
+    offset: int, per_worker: Sequence[int], batch_size: int, repeat: bool
+) -> tuple[list[int], int]:
+    """Samples each DataLoader worker had produced once the consumer took ``offset`` samples.
+
+    The DataLoader asks workers ``0..W-1`` in turn for a batch (of ``batch_size`` samples, the
+    last one of a finite worker stream short) and skips a worker once it is exhausted, so its
+    output is the workers' batches in round-major order. Also returns the worker whose batch
+    comes next. ``per_worker`` is each worker's samples per epoch; with ``repeat`` the streams
+    run on and every batch is full.
+    """
+    workers = len(per_worker)
+    b = max(1, batch_size)
+    if repeat:
+        batches, partial = divmod(offset, b)
+        rounds, nxt = divmod(batches, workers)
+        taken = [rounds * b + (b if w < nxt else 0) for w in range(workers)]
+        taken[nxt] += partial
+        return taken, nxt
+    counts = np.asarray(per_worker, dtype=np.int64)
+    rounds = int(-(-counts.max() // b)) if len(counts) and counts.max() > 0 else 0
+    sizes = np.clip(counts[None, :] - b * np.arange(rounds)[:, None], 0, b).ravel()
+    ends = np.cumsum(sizes)
+    done = int(np.searchsorted(ends, offset, side="right"))  # whole batches taken
+    taken = np.bincount(np.arange(done) % workers, weights=sizes[:done], minlength=workers)
+    taken = taken.astype(np.int64)
+    rest = np.flatnonzero(sizes[done:] > 0)
+    if not len(rest):
+        return counts.tolist(), 0
+    nxt = int((done + rest[0]) % workers)
+    taken[nxt] += offset - (int(ends[done - 1]) if done else 0)
+    return taken.tolist(), nxt
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Ranks and DataLoader workers per rank (0: the process iterates itself, one part)."""
+
+    world_size: int
+    num_workers: int
+
+    @property
+    def workers(self) -> int:
+        return max(1, self.num_workers)
+
+    @property
+    def num_parts(self) -> int:
+        return self.world_size * self.workers
+
+
+@dataclass(frozen=True)
+class Ordering:
+    """The dataset settings that shape the order of an epoch, besides the layout."""
+
+    seed: int
+    shuffle: bool
+    buffer_size: int
+    byte_budget: int | None
+    pad: bool
+    repeat: bool
+
+
+@dataclass(frozen=True, eq=False)
+class Checkpoint:
+    """Every rank's consumer took ``offset`` samples of the stream that starts at ``epoch``
+    (or, with ``origin``, of the rest planned from ``origin``) under ``layout``/``ordering``."""
+
+    epoch: int
+    offset: int
+    batch_size: int
+    layout: Layout
+    ordering: Ordering
+    origin: Checkpoint | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class Part:
+    """One part's frames of one epoch, as the pool draws them.
+
+    Piece ``i`` is episode ``episodes[i]``; its frames lie in rows ``starts[i]:stops[i]`` (what
+    is fetched and decoded). ``positions`` is None for a fresh epoch's part (every row of the
+    range is a frame of the piece, and the pool draws rows directly); for a rest part,
+    ``positions[i]`` holds the piece's frame positions, ascending, and the pool draws indices
+    into it. ``entropy`` seeds the pool; ``num_samples`` counts the draws, padding included.
+    """
+
+    epoch: int
+    episodes: np.ndarray
+    starts: np.ndarray
+    stops: np.ndarray
+    positions: tuple[np.ndarray, ...] | None
+    entropy: tuple[int, ...]
+    num_samples: int
+    table: Pieces = field(init=False)
+
+    def __post_init__(self) -> None:
+        if self.positions is None:
+            table = Pieces(self.episodes, self.starts, self.stops)
+        else:
+            counts = np.fromiter((len(p) for p in self.positions), np.int64, len(self.positions))
+            table = Pieces(self.episodes, np.zeros_like(counts), counts)
+        object.__setattr__(self, "table", table)
+
+    @property
+    def num_frames(self) -> int:
+        return int(self.table.counts.sum())
+
+    def position(self, piece: int, frame: int) -> int:
+        """The episode frame position of a draw ``Draw(piece, frame)`` of this part's plan."""
+        if self.positions is None:
+            return frame
+        return int(self.positions[piece][frame])
+
+    def frames(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(episodes, positions)`` of every frame the part owns."""
+        counts = self.table.counts
+        episodes = np.repeat(self.episodes, counts)
+        if self.positions is None:
+            starts = np.repeat(self.starts - np.cumsum(counts) + counts, counts)
+            return episodes, starts + np.arange(len(episodes))
+        if not len(self.positions):
+            return episodes, np.zeros(0, dtype=np.int64)
+        return episodes, np.concatenate(self.positions).astype(np.int64)
+
+    def plan(self, ordering: Ordering, cost: Cost | None, start: int = 0):
+        """This part's planner events (``plan_part``), fast-forwarded by ``start`` draws."""
+        piece_bytes = None
+        if ordering.byte_budget is not None:
+            if cost is None:
+                raise ValueError("a byte budget needs the pieces' costs")
+            piece_bytes = [
+                cost(e, s, t)
+                for e, s, t in zip(
+                    self.episodes.tolist(), self.starts.tolist(), self.stops.tolist(), strict=True
+                )
+            ]
+        return plan_part(
+            self.table,
+            piece_bytes,
+            buffer_size=ordering.buffer_size,
+            byte_budget=ordering.byte_budget,
+            seed=list(self.entropy),
+            shuffle=ordering.shuffle,
+            num_samples=self.num_samples,
+            start=start,
+        )
+
+
+class Planner:
+    """Elastic planning over one dataset's selected frames (pure: no I/O).
+
+    Frames are numbered ``0..total-1`` episode by episode in ascending episode order (frame
+    ids); consumed and remaining sets are boolean masks over those ids. ``cost`` gives a
+    piece's resident bytes (needed only when an ordering has a byte budget).
+    """
+
+    def __init__(self, episodes: np.ndarray, lengths: np.ndarray, cost: Cost | None = None) -> None:
+        episodes = np.asarray(episodes, dtype=np.int64)
+        lengths = np.asarray(lengths, dtype=np.int64)
+        order = np.argsort(episodes, kind="stable")
+        self.episodes, self.lengths = episodes[order], lengths[order]
+        self.ends = np.cumsum(self.lengths)
+        self.begins = self.ends - self.lengths
+        self.total = int(self.ends[-1]) if len(self.ends) else 0
+        self.cost = cost
+        self._fresh: dict[tuple, list[Part]] = {}
+        self._segments: dict[tuple, list[list[Part]]] = {}
+        self._consumed: dict[tuple, np.ndarray] = {}
+        self._positions: dict[Checkpoint, list[tuple[Part, int]]] = {}
+
+    # ------------------------------------------------------------------ frame ids
+
+    def ids(self, episodes: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """Frame ids of ``(episode, position)`` pairs."""
+        rows = np.searchsorted(self.episodes, np.asarray(episodes, dtype=np.int64))
+        return self.begins[rows] + np.asarray(positions, dtype=np.int64)
+
+    # ------------------------------------------------------------------ parts of an epoch
+
+    def fresh_parts(self, ordering: Ordering, num_parts: int, epoch: int) -> list[Part]:
+        """A fresh epoch's parts, exactly as the reader streams them."""
+        key = (ordering.seed, ordering.shuffle, ordering.pad, num_parts, epoch)
+        if key not in self._fresh:
+            split = split_parts(
+                self.episodes,
+                self.lengths,
+                num_parts,
+                seed=ordering.seed,
+                epoch=epoch,
+                shuffle=ordering.shuffle,
+            )
+            samples = samples_per_part(self.total, num_parts, ordering.pad)
+            if len(self._fresh) >= 8:  # an endless stream plans epoch after epoch: keep few
+                del self._fresh[next(iter(self._fresh))]
+            self._fresh[key] = [
+                Part(
+                    epoch,
+                    pieces.episodes,
+                    pieces.starts,
+                    pieces.stops,
+                    None,
+                    (ordering.seed, epoch) if num_parts == 1 else (ordering.seed, epoch, p),
+                    samples[p],
+                )
+                for p, pieces in enumerate(split)
+            ]
+        return self._fresh[key]
+
+    def rest_parts(
+        self, ordering: Ordering, num_parts: int, epoch: int, remaining: np.ndarray
+    ) -> list[Part]:
+        """The remaining frames of ``epoch`` (a mask over frame ids) split over ``num_parts``.
+
+        Episodes in a seeded order (``default_rng([seed, epoch, 2**32-2, num_parts])``;
+        ascending with ``shuffle=False``), each one's remaining positions ascending, cut into
+        parts of sizes differing by at most one. With padding every part yields ``ceil(rest /
+        num_parts)``; a part left with no frame (fewer frames than parts) repeats one frame of
+        the rest, the ``p % rest``-th of the sequence.
+        """
+        ids = np.flatnonzero(remaining)
+        rows = np.searchsorted(self.ends, ids, side="right")
+        positions = ids - self.begins[rows]
+        used, first, counts = np.unique(rows, return_index=True, return_counts=True)
+        if ordering.shuffle and len(used) > 1:
+            rng = np.random.default_rng([ordering.seed, epoch, _REST_STREAM, num_parts])
+            order = rng.permutation(len(used))
+        else:
+            order = np.arange(len(used))
+        # The sequence: episode by episode in `order`, each one's frames ascending.
+        firsts, lens = first[order], counts[order]
+        seq_index = np.repeat(firsts - np.cumsum(lens) + lens, lens) + np.arange(len(ids))
+        seq_rows, seq_pos = rows[seq_index], positions[seq_index]
+        rest = len(ids)
+        sizes = samples_per_part(rest, num_parts, pad=False)
+        samples = [-(-rest // num_parts)] * num_parts if ordering.pad else sizes
+        bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        parts = []
+        for p in range(num_parts):
+            lo, hi = int(bounds[p]), int(bounds[p + 1])
+            if lo == hi and samples[p]:
+                lo, hi = p % rest, p % rest + 1  # nothing of its own: repeat one frame
+            part_rows, part_pos = seq_rows[lo:hi], seq_pos[lo:hi]
+            # Group by episode (a part holds each episode's frames contiguously in the sequence).
+            cut = np.flatnonzero(np.diff(part_rows)) + 1
+            groups = np.split(part_pos, cut) if hi > lo else []
+            eps = self.episodes[part_rows[np.concatenate([[0], cut])]] if hi > lo else []
+            eps = np.asarray(eps, dtype=np.int64)
+            sort = np.argsort(eps, kind="stable")
+            groups = [groups[i] for i in sort.tolist()]
+            parts.append(
+                Part(
+                    epoch,
+                    eps[sort],
+                    np.array([g[0] for g in groups], dtype=np.int64),
+                    np.array([g[-1] + 1 for g in groups], dtype=np.int64),
+                    tuple(groups),
+                    (ordering.seed, epoch, _REST_STREAM, num_parts, p),
+                    samples[p],
+                )
+            )
+        return parts
+
+    # ------------------------------------------------------------------ streams
+
+    def stream(
+        self, origin: Checkpoint | None, epoch: int, ordering: Ordering, num_parts: int, part: int
+    ) -> Iterator[Part]:
+        """The epochs part ``part`` streams in order: the rest planned from ``origin`` (one
+        segment per epoch), or the fresh epoch ``epoch``; then, with ``repeat``, fresh epochs
+        on and on."""
+        if origin is not None:
+            segments = self.segments(origin, ordering, num_parts)
+            for parts in segments:
+                yield parts[part]
+            if not ordering.repeat:
+                return
+            epoch = segments[-1][0].epoch + 1
+        while True:
+            yield self.fresh_parts(ordering, num_parts, epoch)[part]
+            if not ordering.repeat:
+                return
+            epoch += 1
+
+    def locate(
+        self,
+        origin: Checkpoint | None,
+        epoch: int,
+        ordering: Ordering,
+        num_parts: int,
+        part: int,
+        taken: int,
+    ) -> tuple[Part, int, Iterator[Part]]:
+        """Where a part's stream stands after ``taken`` samples: the epoch's part, the draws
+        made in it, and the parts that follow."""
+        stream = self.stream(origin, epoch, ordering, num_parts, part)
+        current = next(stream)
+        while True:
+            if taken < current.num_samples or not ordering.repeat:
+                return current, min(taken, current.num_samples), stream
+            taken -= current.num_samples
+            if not current.num_samples and not self.total:
+                return current, 0, stream
+            current = next(stream)
+
+    def segments(self, origin: Checkpoint, ordering: Ordering, num_parts: int) -> list[list[Part]]:
+        """The rest planned from ``origin``: per epoch from the earliest to the latest one its
+        parts stood in, that epoch's remaining frames split over ``num_parts``."""
+        key = (origin, ordering, num_parts)
+        if key not in self._segments:
+            where = self.positions(origin)
+            lo = min(p.epoch for p, _ in where)
+            hi = max(p.epoch for p, _ in where)
+            self._segments[key] = [
+                self.rest_parts(ordering, num_parts, x, ~self.consumed(origin, x))
+                for x in range(lo, hi + 1)
+            ]
+        return self._segments[key]
+
+    def positions(self, checkpoint: Checkpoint) -> list[tuple[Part, int]]:
+        """For every part of the checkpoint's layout, its epoch's part and the draws it made."""
+        key = checkpoint
+        if key not in self._positions:
+            c = checkpoint
+            workers, parts = c.layout.workers, c.layout.num_parts
+            located = [
+                self.locate(c.origin, c.epoch, c.ordering, parts, q, 0) for q in range(parts)
+            ]
+            where = []
+            for rank in range(c.layout.world_size):
+                mine = range(rank * workers, (rank + 1) * workers)
+                per_worker = [located[q][0].num_samples for q in mine]
+                taken, _ = consumed_per_worker(
+                    c.offset, per_worker, c.batch_size, c.ordering.repeat
+                )
+                for q, t in zip(mine, taken, strict=True):
+                    part, k, _ = self.locate(c.origin, c.epoch, c.ordering, parts, q, t)
+                    where.append((part, k))
+            self._positions[key] = where
+        return self._positions[key]
+
+    def rest_epoch(self, checkpoint: Checkpoint) -> int:
+        """The first epoch of the rest planned from ``checkpoint``."""
+        return min(p.epoch for p, _ in self.positions(checkpoint))
+
+    def consumed(self, checkpoint: Checkpoint, epoch: int) -> np.ndarray:
+        """Mask of the frames of ``epoch`` consumed by the checkpoint (padding aside)."""
+        key = (checkpoint, epoch)
+        if key in self._consumed:
+            return self._consumed[key]
+        c = checkpoint
+        mask = np.zeros(self.total, dtype=bool)
+        parts = c.layout.num_parts
+        if c.origin is not None:
+            segments = self.segments(c.origin, c.ordering, parts)
+            if epoch in [s[0].epoch for s in segments]:
+                mask |= self.consumed(c.origin, epoch)
+        for q, (part, k) in enumerate(self.positions(c)):
+            if part.epoch < epoch:
+                continue
+            if part.epoch > epoch:  # this part finished `epoch`: all of it is consumed
+                for earlier in self.stream(c.origin, c.epoch, c.ordering, parts, q):
+                    if earlier.epoch == epoch:
+                        mask[self.ids(*earlier.frames())] = True
+                        break
+            else:
+                mask[drawn(part, c.ordering, k, self)] = True
+        self._consumed[key] = mask
+        return mask
+
+
+def drawn(part: Part, ordering: Ordering, k: int, planner: Planner) -> np.ndarray:
+    """Frame ids of the first ``k`` draws of a part's plan (a replay of the planner)."""
+    out = np.empty(k, dtype=np.int64)
+    if not k:
+        return out
+    episodes = part.table.episodes.tolist()
+    eps = np.empty(k, dtype=np.int64)
+    n = 0
+    for event in part.plan(ordering, planner.cost):
+        if type(event) is Draw:
+            eps[n] = episodes[event.piece]
+            out[n] = part.position(event.piece, event.frame)
+            n += 1
+            if n == k:
+                break
+    return planner.ids(eps[:n], out[:n])
