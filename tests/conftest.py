@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import shutil
 import uuid
 from collections.abc import Callable, Iterator
@@ -15,6 +16,18 @@ if TYPE_CHECKING:
     from support.s3 import S3Bucket, S3Server
 
 GOLDEN_DIR = Path(__file__).parent / "data" / "lerobot-0.6.1"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """DataLoader workers start from a forkserver, not by forking the test process.
+
+    The test process runs threads (S3 server, proxies, prefetch pools, queue feeders); forking
+    it while one of them starts or exits can deadlock the child inside CPython's after-fork
+    code (seen here: a worker stuck in ``PyOS_AfterFork_Child``). A forkserver has no such
+    threads. Tests that need plain fork (the Linux default) ask for it explicitly.
+    """
+    multiprocessing.set_start_method("forkserver", force=True)
+    multiprocessing.set_forkserver_preload(["torch", "av", "lerobot_shards.reader.dataset"])
 
 
 @pytest.fixture(scope="session")

@@ -331,12 +331,20 @@ class ShardedLeRobotDataset(IterableDataset):
 
     # ------------------------------------------------------------------ sizes
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled for spawn/forkserver DataLoader workers: record the rank layout here, in the
+        training process, where torch.distributed (or the environment) knows it."""
+        state = dict(self.__dict__)
+        state["_parent_rank_world"] = rank_and_world_size()
+        return state
+
     def _layout(self) -> tuple[int, int, int, int]:
         """``(rank, world_size, worker_id, num_workers)`` of the calling process."""
-        rank, world = rank_and_world_size()
         info = get_worker_info()
         if info is None:
+            rank, world = rank_and_world_size()
             return rank, world, 0, max(1, self.num_workers)
+        rank, world = self.__dict__.get("_parent_rank_world") or rank_and_world_size()
         return rank, world, info.id, info.num_workers
 
     def _part_samples(self, num_parts: int, pad: bool | None = None) -> list[int]:
@@ -407,7 +415,7 @@ class ShardedLeRobotDataset(IterableDataset):
             "epoch": epoch,
             "offset": offset,
             "batch_size": batch_size,
-            "world_size": rank_and_world_size()[1],
+            "world_size": self._layout()[1],
             "num_workers": num_workers,
             "seed": ordering.seed,
             "shuffle": ordering.shuffle,
@@ -532,7 +540,7 @@ class ShardedLeRobotDataset(IterableDataset):
         self._next = (epoch, offset)
         if "world_size" in state:  # a full state: the layout and settings are known
             checkpoint = self._checkpoint(state, workers)
-            world = rank_and_world_size()[1]
+            world = self._layout()[1]
             same = (checkpoint.layout.world_size, checkpoint.layout.workers) == (world, workers)
             if same and checkpoint.ordering == self._ordering():
                 self._next_origin = checkpoint.origin
