@@ -24,7 +24,7 @@ import torch
 def delta_indices(
     delta_timestamps: Mapping[str, Sequence[float]] | None, fps: float, tolerance_s: float = 1e-4
 ) -> dict[str, np.ndarray]:
-    """Frame offsets for each key of ``delta_timestamps``; each delta must be a multiple of 1/fps."""
+    """Frame offsets per ``delta_timestamps`` key; each delta must be a multiple of 1/fps."""
     if not delta_timestamps:
         return {}
     out = {}
@@ -70,9 +70,9 @@ def _decode_image(value: object) -> np.ndarray:
 class EpisodeColumns:
     """An episode's rows as tensors, converted once, indexed per item.
 
-    ``tensors`` holds numeric columns stacked over rows (dtype as ``torch.tensor`` of the Python
-    value gives: float32, int64 or bool). ``images`` holds image features as HWC uint8 arrays, decoded
-    lazily. ``others`` keeps any other column as Python values.
+    ``tensors`` holds numeric columns stacked over rows (dtype as ``torch.tensor`` of the
+    Python value gives: float32, int64 or bool). ``images`` holds image features, decoded
+    lazily to CHW uint8 tensors. ``others`` keeps any other column as Python values.
     """
 
     names: list[str]
