@@ -22,16 +22,16 @@ def mp4(golden_dir) -> bytes:
 
 @pytest.fixture(scope="module")
 def reference(golden_dir) -> torch.Tensor:
-    """Every frame of the file, decoded the plain way: PyAV from the path, rgb24, NCHW."""
+    """Every frame of the file, decoded the plain way: PyAV from the path, rgb24, NHWC."""
     with av.open(str(golden_dir / VIDEO)) as container:
         frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
-    return torch.from_numpy(np.stack(frames)).permute(0, 3, 1, 2)
+    return torch.from_numpy(np.stack(frames))
 
 
 def test_whole_file_equals_plain_pyav(mp4, reference):
     frames = decode_frames(mp4, length=len(reference))
     assert frames.dtype == torch.uint8 and frames.is_contiguous()
-    assert frames.shape == (13, 3, 40, 56)
+    assert frames.shape == (13, 40, 56, 3)
     assert torch.equal(frames, reference)
 
 
@@ -47,7 +47,7 @@ def test_golden_items_match(mp4, golden_dir):
     expected = np.load(golden_dir / "av1_multifile.items.npz")
     frames = decode_frames(mp4, length=13, stop=12)
     for i in range(12):
-        got = frames[i].to(torch.float32) / 255
+        got = frames[i].permute(2, 0, 1).to(torch.float32) / 255
         assert torch.equal(got, torch.from_numpy(expected[f"{i}|observation.images.cam_high"]))
 
 
@@ -81,4 +81,4 @@ def test_torchcodec_missing_is_a_clear_error(mp4):
 @pytest.mark.skipif(not HAS_TORCHCODEC, reason="torchcodec is not installed")
 def test_torchcodec_frames(mp4, reference):
     frames = decode_frames(mp4, length=1, skip_frames=12, backend="torchcodec")
-    assert frames.dtype == torch.uint8 and frames.shape == (1, 3, 40, 56)
+    assert frames.dtype == torch.uint8 and frames.shape == (1, 40, 56, 3)

@@ -35,7 +35,7 @@ class Episode:
     length: int
     columns: EpisodeColumns
     frames: dict[str, tuple[int, torch.Tensor]]
-    """Per video camera, ``(first position, uint8 NCHW frames from that position on)``."""
+    """Per video camera, ``(first position, uint8 NHWC frames from that position on)``."""
     nbytes: int
     """Memory held: fetched bytes plus decoded frames."""
 
@@ -44,7 +44,11 @@ class Episode:
         frames = {}
         for key, positions in spec.video_positions(position, self.length).items():
             first, stack = self.frames[key]
-            frames[key] = stack.index_select(0, torch.from_numpy(positions - first))
+            if len(positions) == 1:  # a view: no copy before the DataLoader's collate
+                frames[key] = stack[int(positions[0]) - first].permute(2, 0, 1).unsqueeze(0)
+            else:
+                picked = stack.index_select(0, torch.from_numpy(positions - first))
+                frames[key] = picked.permute(0, 3, 1, 2)
         task_index = int(self.columns.value("task_index", position))
         return spec.build(self.columns, position, frames, tasks[task_index])
 
