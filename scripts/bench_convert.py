@@ -26,6 +26,7 @@ from pathlib import Path
 
 import av
 import fsspec
+from _bench_common import cpu_model  # scripts/ is on sys.path when run as a script
 
 import lerobot_shards.testing.video as factory_video
 from lerobot_shards import convert
@@ -35,16 +36,6 @@ from lerobot_shards.testing.factory import make_dataset
 CAMERAS = {"observation.images.cam_high": (480, 640), "observation.images.cam_wrist": (480, 640)}
 FPS = 30
 MB = 1e6
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def tree_bytes(root: Path) -> int:
