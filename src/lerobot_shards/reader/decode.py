@@ -85,6 +85,7 @@ def _decode_pyav(
     try:
         with av.open(io.BytesIO(data), mode="r", format="mp4") as container:
             stream = container.streams.video[0]
+            stream.codec_context.thread_count = 1  # parallelism comes from threads and workers
             for frame in container.decode(stream):
                 position = count - skip
                 count += 1
