@@ -3,8 +3,9 @@
 It ties the pure planning (``partition``, ``plan``) to the I/O (``fetch``, ``decode``,
 ``episode``): the selected frames are split into ``world_size x num_workers`` parts, each
 DataLoader worker (or the process itself) streams its part through the episode pool, fetching
-and decoding admitted episodes ahead of time in a small thread pool, and builds each drawn
-frame's item exactly as LeRobot does (``lerobot_shards.items``).
+and demuxing admitted episodes ahead of time in a small thread pool, decoding each drawn frame's
+GOP when it is first needed, and builds each drawn frame's item exactly as LeRobot does
+(``lerobot_shards.items``).
 
 Epochs and resume. Every ``iter(ds)`` starts the next epoch unless ``set_epoch`` or
 ``load_state_dict`` said which; a DataLoader's persistent workers advance their own copies, so
@@ -150,9 +151,10 @@ class ShardedLeRobotDataset(IterableDataset):
 
     ``root`` is a local path or fsspec URL of a converted dataset. ``episodes`` selects episode
     indices. At most ``buffer_size`` episodes and ``byte_budget_gb`` (10**9 bytes) are held,
-    resident plus prefetched; an episode's bytes are what it costs in memory: its fetched bytes
-    plus its decoded uint8 frames (decode.py decodes an admitted episode once, whole), so the
-    budget bounds the pool's RAM. ``repeat=True`` streams epoch after
+    resident plus prefetched; an episode's bytes are what it can cost in memory: its fetched
+    bytes plus the bound on its decoded uint8 frames (frames are decoded a GOP at a time when
+    drawn and held until drawn, never more than the rows it draws show), so the budget bounds
+    the pool's RAM. ``repeat=True`` streams epoch after
     epoch. ``delta_timestamps``, ``tolerance_s``, ``image_transforms``, ``return_uint8`` and
     ``video_backend`` shape items as in LeRobot. ``pad=False`` turns off the padding that gives
     every rank and worker the same number of samples (for evaluation).
@@ -162,7 +164,7 @@ class ShardedLeRobotDataset(IterableDataset):
     """
 
     prefetch_depth = 2
-    """Admissions fetched and decoded ahead of the pool."""
+    """Admissions fetched and demuxed ahead of the pool."""
     fetch_threads = 2
     fetch_retries = 5
 
@@ -666,7 +668,12 @@ class ShardedLeRobotDataset(IterableDataset):
                 if epoch != cursor.epoch:  # the stream ran on into the next epoch
                     self._advance(cursor, parts_of, epoch)
                 position = parts_of[epoch].position(event.piece, event.frame)
-                item = resident[(epoch, event.piece)].item(position, self.spec, tasks)
+                episode = resident[(epoch, event.piece)]
+                held = episode.nbytes
+                item = episode.item(position, self.spec, tasks)
+                memory += episode.nbytes - held  # a GOP decoded, frames drawn and dropped
+                stats = self._stats
+                stats["peak_resident_memory"] = max(stats["peak_resident_memory"], memory)
                 cursor.offset += 1
                 cursor.stream_offset += 1
                 yield item
@@ -693,8 +700,9 @@ class ShardedLeRobotDataset(IterableDataset):
             del parts_of[old]
 
     def _cost(self, episode: int, start: int, stop: int) -> int:
-        """What a piece holds in memory while resident: its episode's fetched bytes plus the
-        decoded uint8 frames of the rows it draws (widened by the delta offsets)."""
+        """What a piece can hold in memory while resident: its episode's fetched bytes plus the
+        bound on its decoded uint8 frames: those the rows it draws show (widened by the delta
+        offsets), each held at most once (``episode.CameraFrames``)."""
         row = self._row_of[episode]
         length = int(self._lengths[row])
         decoded = 0
@@ -704,7 +712,8 @@ class ShardedLeRobotDataset(IterableDataset):
         return int(self._sizes[row]) + decoded
 
     def _load(self, episode: int, start: int, stop: int, fs: fsspec.AbstractFileSystem) -> Episode:
-        """Fetch, verify and decode a piece's episode, rows ``start:stop`` (in prefetch threads)."""
+        """Fetch, verify and demux a piece's episode, rows ``start:stop`` (in prefetch threads);
+        its frames are decoded when drawn."""
         row = self._row_of[episode]
         shard = self._shards[row]
         span = Span(

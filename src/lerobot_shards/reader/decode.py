@@ -1,27 +1,35 @@
-"""Camera frames from an episode's in-memory mp4 bytes, as uint8 NCHW tensors.
+"""Camera frames from an episode's in-memory mp4 bytes, one GOP at a time, as uint8 HWC tensors.
 
-Strategy: decode once, on admission. The pool draws an episode's frames in random order, so a
-decoder kept open and sought per draw would redecode from the previous keyframe for almost
-every draw, and a forward-only lazy decoder must keep every frame it passed anyway (the next draw
-is as likely behind it as ahead). So the episode's frames are decoded in one sequential pass
-(the cheapest way through a GOP-structured stream) when the episode is admitted, in the
-prefetch thread pool, and kept as one contiguous uint8 tensor until the episode is evicted;
-every draw is then an index. Only the frames a piece needs (its range widened by the
-``delta_timestamps`` offsets) are converted to RGB and kept; all frames are decoded so that the
-frame count can be checked against the episode length. The decoded bytes count against the
-reader's byte budget and in its memory report (``Episode.nbytes``). Measured on a 60-frame
-480x640 AV1 episode, one decoder kept open and sought per random draw versus this one pass: 31
-vs 13.5 ms per frame at GOP 2 (LeRobot's default), 47.5 vs 7.2 ms at GOP 30; the cost is
-memory, 0.9 MB per 480x640 frame while the episode is resident (bounded by ``buffer_size`` and
-``byte_budget_gb``).
+Why GOP-level random access. The pool draws an episode's frames in random order. A decoder kept
+open and sought per draw redecodes from the previous keyframe for almost every draw and pays a
+container seek each time; decoding whole episodes on admission decodes each frame once but holds
+every decoded frame of every resident episode (0.9 MB per 480x640 frame) and makes the first draw
+wait until every resident episode is decoded. So an episode is only *demuxed* on admission
+(:class:`Video`: each packet's byte span inside the mp4 already in memory, its timestamp, and
+where the keyframes are), and a draw of frame ``k`` decodes just the GOP holding ``k``: from its
+keyframe up to the next one, packets fed straight to a codec context (no container, no seek).
+The caller (``episode.py``) keeps that GOP's other frames until they are drawn. LeRobot writes
+AV1 with GOP 2, so each frame is decoded about once, as in one sequential pass, and the first
+sample waits for one GOP instead of whole episodes.
 
-Pixel values: PyAV converts each frame to rgb24 with swscale's defaults, which is what LeRobot's
-pyav backend returns, bit for bit.
+Decoders run one thread each (``thread_count = 1``): parallelism comes from the reader's
+threads and the DataLoader workers, and codec threads on top of them oversubscribe the cores. A
+codec context is reused between GOPs (``flush_buffers`` resets it; a new one per GOP costs more
+than a small GOP's decode), one per thread and stream configuration.
+
+Pixel values: each frame is converted to rgb24 with swscale's defaults, which is what LeRobot's
+pyav backend returns, bit for bit. Frames stay channel-last as swscale writes them; a
+channel-first copy would cost a third of the decode, and ``permute`` views serve instead.
+
+A GOP is the packets from one keyframe to the next in decode order; this assumes closed GOPs
+(what LeRobot's encoders write; the converter's keyframe cuts rely on it too).
 """
 
 from __future__ import annotations
 
 import io
+import threading
+from collections import OrderedDict
 
 import numpy as np
 import torch
@@ -35,34 +43,6 @@ class DecodeError(FormatError):
     """An episode's video does not decode, or holds a different number of frames than expected."""
 
 
-def decode_frames(
-    data: bytes | memoryview,
-    *,
-    length: int,
-    skip_frames: int = 0,
-    start: int = 0,
-    stop: int | None = None,
-    backend: str = "pyav",
-    where: str = "video",
-) -> torch.Tensor:
-    """Frames ``start:stop`` (episode positions) of an episode's mp4, uint8 ``(N, H, W, 3)``.
-
-    Channel-last, as the decoder's rgb24 conversion writes them: a channel-first copy would cost
-    a third of the decode time; :meth:`Episode.item` hands out ``permute`` views instead.
-
-    The mp4 holds ``skip_frames`` leading frames to drop and then exactly ``length`` frames of
-    the episode; any other count is a :class:`DecodeError` naming ``where``.
-    """
-    stop = length if stop is None else stop
-    if not 0 <= start <= stop <= length:
-        raise ValueError(f"{where}: frame range {start}:{stop} outside an episode of {length}")
-    if backend == "pyav":
-        return _decode_pyav(data, length, skip_frames, start, stop, where)
-    if backend == "torchcodec":
-        return _decode_torchcodec(data, length, skip_frames, start, stop, where)
-    raise ValueError(f"unknown video_backend {backend!r}; expected one of {BACKENDS}")
-
-
 def check_backend(backend: str) -> None:
     """Fail early (at dataset construction) for an unknown or unavailable backend."""
     if backend not in BACKENDS:
@@ -71,36 +51,162 @@ def check_backend(backend: str) -> None:
         _torchcodec_decoder()
 
 
-def _decode_pyav(
-    data: bytes | memoryview, length: int, skip: int, start: int, stop: int, where: str
-) -> torch.Tensor:
-    import av
-    from av.video.reformatter import VideoReformatter
+class Video:
+    """One camera's mp4 of one episode, demuxed and ready to decode any GOP.
 
-    # One reformatter for the stream: frame.to_ndarray(format=...) builds a new swscale
-    # context per frame, which costs more than the conversion for small frames (same pixels).
-    reformatter = VideoReformatter()
-    out: np.ndarray | None = None
-    count = 0
-    try:
-        with av.open(io.BytesIO(data), mode="r", format="mp4") as container:
-            stream = container.streams.video[0]
-            stream.codec_context.thread_count = 1  # parallelism comes from threads and workers
-            for frame in container.decode(stream):
-                position = count - skip
-                count += 1
-                if not start <= position < stop:
-                    continue
+    Holds no decoded frames and no copy of the bytes: ``data`` (a view into the episode's fetched
+    bytes) plus a few numbers per packet. The mp4 holds ``skip_frames`` leading frames to drop
+    and then exactly ``length`` frames of the episode; any other count is a
+    :class:`DecodeError` naming ``where``, raised here, on admission.
+    """
+
+    def __init__(
+        self,
+        data: bytes | memoryview,
+        *,
+        length: int,
+        skip_frames: int = 0,
+        backend: str = "pyav",
+        where: str = "video",
+    ) -> None:
+        import av
+
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown video_backend {backend!r}; expected one of {BACKENDS}")
+        self.data = memoryview(data)
+        self.length = length
+        self.skip = skip_frames
+        self.backend = backend
+        self.where = where
+        spans, pts, keys = [], [], []
+        try:
+            with av.open(io.BytesIO(self.data), mode="r", format="mp4") as container:
+                stream = container.streams.video[0]
+                self.codec = stream.codec_context.codec.name
+                self.extradata = bytes(stream.codec_context.extradata or b"")
+                for packet in container.demux(stream):
+                    if packet.size == 0:  # the demuxer's end-of-stream marker
+                        continue
+                    spans.append((packet.pos, packet.size))
+                    pts.append(packet.pts if packet.pts is not None else packet.dts)
+                    keys.append(packet.is_keyframe)
+        except (av.error.FFmpegError, IndexError) as exc:
+            raise DecodeError(f"{where}: video does not decode: {exc}") from exc
+        _check_count(len(spans) - skip_frames, length, where)
+        self._spans = np.asarray(spans, dtype=np.int64).reshape(-1, 2)
+        if self._spans.size and (
+            self._spans.min() < 0 or (self._spans[:, 0] + self._spans[:, 1]).max() > len(data)
+        ):
+            raise DecodeError(f"{where}: video does not decode: packets outside the mp4's bytes")
+        self._pts = pts
+        # Episode position of each packet (decode order): its rank in presentation order.
+        rank = np.empty(len(pts), dtype=np.int64)
+        rank[np.argsort(np.asarray(pts, dtype=np.int64), kind="stable")] = np.arange(len(pts))
+        self._position = rank - skip_frames
+        # Decode-order index of each position's packet, and the GOP starts (decode order).
+        self._packet_of = np.argsort(self._position, kind="stable")[skip_frames:]
+        keys[0] = True  # a cut starts at a keyframe
+        self._gop_starts = np.flatnonzero(keys)
+        self._torchcodec = None
+
+    def decode_gop(self, position: int) -> dict[int, torch.Tensor]:
+        """The decoded frames (uint8 ``(H, W, 3)``) of the GOP holding episode frame
+        ``position``, by episode position (the skipped leading frames left out)."""
+        if not 0 <= position < self.length:
+            raise ValueError(f"{self.where}: frame {position} outside an episode of {self.length}")
+        packet = int(self._packet_of[position])
+        g = int(np.searchsorted(self._gop_starts, packet, side="right")) - 1
+        first = int(self._gop_starts[g])
+        stop = int(self._gop_starts[g + 1]) if g + 1 < len(self._gop_starts) else len(self._pts)
+        if self.backend == "torchcodec":
+            return self._decode_torchcodec(first, stop)
+        return self._decode_pyav(first, stop)
+
+    def _decode_pyav(self, first: int, stop: int) -> dict[int, torch.Tensor]:
+        import av
+
+        context = _codec_context(self.codec, self.extradata)
+        wanted = {self._pts[i]: int(self._position[i]) for i in range(first, stop)}
+        decoded = []
+        try:
+            for i in range(first, stop):
+                offset, size = (int(v) for v in self._spans[i])
+                packet = av.Packet(self.data[offset : offset + size])
+                packet.pts = packet.dts = self._pts[i]
+                decoded += context.decode(packet)
+            if len(decoded) < stop - first:  # a decoder with delay: drain it
+                decoded += context.decode(None)
+        except av.error.FFmpegError as exc:
+            raise DecodeError(f"{self.where}: video does not decode: {exc}") from exc
+        finally:
+            context.flush_buffers()
+        reformatter = _reformatter()
+        frames = {}
+        for frame in decoded:
+            position = wanted.get(frame.pts)
+            if position is not None and position >= 0:
                 rgb = reformatter.reformat(frame, format="rgb24").to_ndarray()
-                if out is None:
-                    out = np.empty((stop - start, *rgb.shape), dtype=np.uint8)
-                out[position - start] = rgb
-    except (av.error.FFmpegError, IndexError) as exc:
-        raise DecodeError(f"{where}: video does not decode: {exc}") from exc
-    _check_count(count - skip, length, where)
-    if out is None:  # an empty range
-        return torch.empty((0, 0, 0, 3), dtype=torch.uint8)
-    return torch.from_numpy(out)
+                frames[position] = torch.from_numpy(rgb)
+        if len(frames) != sum(1 for p in wanted.values() if p >= 0):
+            raise DecodeError(
+                f"{self.where}: decoding packets {first}..{stop - 1} from their keyframe gave "
+                f"{len(decoded)} frames, not the {stop - first} the packets hold"
+            )
+        return frames
+
+    def _decode_torchcodec(self, first: int, stop: int) -> dict[int, torch.Tensor]:
+        if self._torchcodec is None:
+            try:
+                self._torchcodec = _torchcodec_decoder()(
+                    bytes(self.data), dimension_order="NHWC", seek_mode="exact"
+                )
+            except (RuntimeError, ValueError) as exc:
+                raise DecodeError(f"{self.where}: video does not decode: {exc}") from exc
+        positions = sorted(int(p) for p in self._position[first:stop] if p >= 0)
+        if not positions:
+            return {}
+        lo, hi = positions[0] + self.skip, positions[-1] + self.skip + 1
+        try:
+            batch = self._torchcodec.get_frames_in_range(lo, hi).data
+        except (RuntimeError, ValueError) as exc:
+            raise DecodeError(f"{self.where}: video does not decode: {exc}") from exc
+        return {p: batch[p + self.skip - lo] for p in positions}
+
+
+_local = threading.local()
+_MAX_CONTEXTS = 8
+
+
+def _codec_context(codec: str, extradata: bytes):
+    """This thread's open decoder for a stream configuration (one thread, reused between GOPs)."""
+    import av
+
+    contexts = getattr(_local, "contexts", None)
+    if contexts is None:
+        contexts = _local.contexts = OrderedDict()
+    key = (codec, extradata)
+    context = contexts.get(key)
+    if context is None:
+        context = av.CodecContext.create(codec, "r")
+        if extradata:
+            context.extradata = extradata
+        context.thread_count = 1
+        contexts[key] = context
+        if len(contexts) > _MAX_CONTEXTS:
+            contexts.popitem(last=False)
+    contexts.move_to_end(key)
+    return context
+
+
+def _reformatter():
+    """This thread's rgb24 converter: ``frame.to_ndarray(format=...)`` builds a new swscale
+    context per frame, which costs more than the conversion for small frames (same pixels)."""
+    reformatter = getattr(_local, "reformatter", None)
+    if reformatter is None:
+        from av.video.reformatter import VideoReformatter
+
+        reformatter = _local.reformatter = VideoReformatter()
+    return reformatter
 
 
 def _torchcodec_decoder():
@@ -112,23 +218,6 @@ def _torchcodec_decoder():
             f"(pip install 'lerobot-shards[torchcodec]'): {exc}"
         ) from exc
     return VideoDecoder
-
-
-def _decode_torchcodec(
-    data: bytes | memoryview, length: int, skip: int, start: int, stop: int, where: str
-) -> torch.Tensor:
-    decoder_cls = _torchcodec_decoder()
-    try:
-        decoder = decoder_cls(bytes(data), dimension_order="NHWC", seek_mode="exact")
-        count = decoder.metadata.num_frames
-        _check_count(count - skip, length, where)
-        if start == stop:
-            return torch.empty((0, 0, 0, 3), dtype=torch.uint8)
-        return decoder.get_frames_in_range(skip + start, skip + stop).data
-    except DecodeError:
-        raise
-    except (RuntimeError, ValueError) as exc:
-        raise DecodeError(f"{where}: video does not decode: {exc}") from exc
 
 
 def _check_count(frames: int, length: int, where: str) -> None:

@@ -1,9 +1,14 @@
-"""A resident episode: its fetched bytes split into tar members, its rows, its decoded frames.
+"""A resident episode: its fetched bytes split into tar members, its rows, its demuxed videos.
 
 The manifest records each member's span inside the shard, so an episode's single ranged read
 is split into members by slicing, with no tar parsing on the hot path. Everything the bytes must
-agree with (the manifest, the header, the rows, the videos) is checked here, and every error
-names the shard and the episode.
+agree with (the manifest, the header, the rows, the videos' frame counts) is checked here, on
+admission, and every error names the shard and the episode.
+
+Frames are decoded when drawn, a GOP at a time (``decode.py`` says why). A GOP's other frames
+are kept (:class:`CameraFrames`) until the draws that use them are made, then dropped: with
+LeRobot's GOP 2 each frame is decoded about once and an episode holds only the frames of GOPs it
+has started and not finished, never more than the frames its rows use.
 """
 
 from __future__ import annotations
@@ -24,7 +29,37 @@ from lerobot_shards.format import (
     video_member,
 )
 from lerobot_shards.items import EpisodeColumns, ItemSpec
-from lerobot_shards.reader.decode import decode_frames
+from lerobot_shards.reader.decode import Video
+
+
+class CameraFrames:
+    """One camera of a resident episode: its :class:`Video` and the decoded frames still to draw.
+
+    ``uses[p]`` counts the draws still to come that show frame ``p`` (one per row, more with
+    ``delta_timestamps``); a frame is decoded with its GOP on first use and dropped on last.
+    """
+
+    def __init__(self, video: Video, uses: np.ndarray) -> None:
+        self.video = video
+        self._uses = uses
+        self._frames: dict[int, torch.Tensor] = {}
+        self.nbytes = 0
+        """Bytes of the decoded frames held."""
+
+    def take(self, position: int) -> torch.Tensor:
+        """Frame ``position`` (uint8 HWC), decoding its GOP if it is not held; counts one use."""
+        frames = self._frames
+        if position not in frames:
+            for p, frame in self.video.decode_gop(position).items():
+                if p == position or (self._uses[p] > 0 and p not in frames):
+                    frames[p] = frame
+                    self.nbytes += frame.nbytes
+        frame = frames[position]
+        self._uses[position] -= 1
+        if self._uses[position] <= 0:
+            del frames[position]
+            self.nbytes -= frame.nbytes
+        return frame
 
 
 @dataclass
@@ -34,21 +69,29 @@ class Episode:
     index: int
     length: int
     columns: EpisodeColumns
-    frames: dict[str, tuple[int, torch.Tensor]]
-    """Per video camera, ``(first position, uint8 NHWC frames from that position on)``."""
-    nbytes: int
-    """Memory held: fetched bytes plus decoded frames."""
+    cameras: dict[str, CameraFrames]
+    fetched: int
+    """Bytes fetched (the videos' packets are read from them in place)."""
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held now: fetched bytes plus the decoded frames not yet drawn."""
+        return self.fetched + sum(c.nbytes for c in self.cameras.values())
 
     def item(self, position: int, spec: ItemSpec, tasks: Sequence[str]) -> dict:
-        """The item for row ``position`` of the episode, as LeRobot builds it."""
+        """The item for row ``position`` of the episode, as LeRobot builds it.
+
+        Camera frames are ``permute`` views of the decoded HWC frames (NCHW, as items take them):
+        the DataLoader's collate makes the one copy.
+        """
         frames = {}
         for key, positions in spec.video_positions(position, self.length).items():
-            first, stack = self.frames[key]
-            if len(positions) == 1:  # a view: no copy before the DataLoader's collate
-                frames[key] = stack[int(positions[0]) - first].permute(2, 0, 1).unsqueeze(0)
+            camera = self.cameras[key]
+            if len(positions) == 1:
+                frames[key] = camera.take(int(positions[0])).permute(2, 0, 1).unsqueeze(0)
             else:
-                picked = stack.index_select(0, torch.from_numpy(positions - first))
-                frames[key] = picked.permute(0, 3, 1, 2)
+                stack = torch.stack([camera.take(int(p)) for p in positions])
+                frames[key] = stack.permute(0, 3, 1, 2)
         task_index = int(self.columns.value("task_index", position))
         return spec.build(self.columns, position, frames, tasks[task_index])
 
@@ -72,11 +115,11 @@ def load_episode(
     backend: str = "pyav",
     rows: tuple[int, int] | None = None,
 ) -> Episode:
-    """Split an episode's bytes into members, parse its rows and decode the frames it needs.
+    """Split an episode's bytes into members, parse its rows and demux its videos (no decoding).
 
     ``members`` maps member names to ``(offset within data, size)`` (``format.member_spans``);
-    ``rows = (start, stop)`` is the range of rows the caller will draw (default: all), which
-    bounds the frames decoded into memory.
+    ``rows = (start, stop)`` is the range of rows the caller will draw (default: all): each
+    decoded frame is kept until those rows' draws that show it are made.
     """
     where = f"{shard} (episode {episode_index})"
     start, stop = rows if rows is not None else (0, length)
@@ -108,22 +151,20 @@ def load_episode(
         raise FormatError(f"{where}: rows parquet has {table.num_rows} rows, expected {length}")
     columns = EpisodeColumns.from_table(table, spec.image_keys)
 
-    frames: dict[str, tuple[int, torch.Tensor]] = {}
-    nbytes = len(data)
+    cameras: dict[str, CameraFrames] = {}
+    drawn = np.arange(start, stop)
     for key in spec.video_keys:
         camera = header.cameras.get(key)
         if camera is None:
             raise FormatError(f"{where}: header has no camera {key!r}")
-        lo, hi = needed_range(spec, key, start, stop, length)
-        stack = decode_frames(
+        video = Video(
             member(video_member(episode_index, key)),
             length=length,
             skip_frames=camera.skip_frames,
-            start=lo,
-            stop=hi,
             backend=backend,
             where=f"{where} camera {key}",
         )
-        frames[key] = (lo, stack)
-        nbytes += stack.numel()
-    return Episode(episode_index, length, columns, frames, nbytes)
+        offsets = spec.deltas.get(key, np.zeros(1, dtype=np.int64))
+        shown = np.clip(drawn[:, None] + offsets[None, :], 0, length - 1)  # as video_positions
+        cameras[key] = CameraFrames(video, np.bincount(shown.ravel(), minlength=length))
+    return Episode(episode_index, length, columns, cameras, len(data))
