@@ -38,7 +38,8 @@ The state format. ``state_dict()`` returns a plain dict (JSON-serialisable):
   iterated in process; None when unknown: ``ds.num_workers`` was not set and the state came
   from ``state_dict(num_samples=...)``).
 - ``seed``, ``shuffle``, ``buffer_size``, ``byte_budget`` (bytes or None), ``pad``, ``repeat``:
-  the settings that shape the order.
+  the settings that shape the order. ``byte_budget`` is each part's pool budget: the rank's
+  ``byte_budget_gb`` split over the layout's DataLoader workers.
 - ``fingerprint``: ``format.manifest_fingerprint`` of the selected episodes' manifest rows.
   Loading a state of another dataset or episode selection is refused with a ``ValueError``.
 - ``resumed_from`` (only while the rest of an elastically resumed epoch runs): the state the
@@ -150,13 +151,14 @@ class ShardedLeRobotDataset(IterableDataset):
     once per epoch over all ranks and workers, items equal to ``LeRobotSource[i]``.
 
     ``root`` is a local path or fsspec URL of a converted dataset. ``episodes`` selects episode
-    indices. At most ``buffer_size`` episodes and ``byte_budget_gb`` (10**9 bytes) are held,
-    resident plus prefetched; an episode's bytes are what it can cost in memory: its fetched
+    indices. At most ``buffer_size`` episodes per DataLoader worker and ``byte_budget_gb``
+    (10**9 bytes) per rank are held, resident plus prefetched: each of the rank's workers gets
+    an equal share of the budget. An episode's bytes are what it can cost in memory: its fetched
     bytes plus the bound on its decoded uint8 frames (frames are decoded a GOP at a time when
     drawn and held until drawn, never more than the rows it draws show), so the budget bounds
-    the pool's RAM. ``repeat=True`` streams epoch after
-    epoch. ``delta_timestamps``, ``tolerance_s``, ``image_transforms``, ``return_uint8`` and
-    ``video_backend`` shape items as in LeRobot. ``pad=False`` turns off the padding that gives
+    the pools' RAM. ``repeat=True`` streams epoch after epoch. ``delta_timestamps``,
+    ``tolerance_s``, ``image_transforms``, ``return_uint8`` and ``video_backend`` shape items as
+    in LeRobot. ``pad=False`` turns off the padding that gives
     every rank and worker the same number of samples (for evaluation).
 
     ``len(ds)`` and ``ds.padding`` count this rank's samples per epoch over ``ds.num_workers``
@@ -218,7 +220,8 @@ class ShardedLeRobotDataset(IterableDataset):
             key: int(np.prod(self.meta.features[key]["shape"])) for key in self.spec.video_keys
         }
         whole = [(int(e), 0, int(n)) for e, n in zip(self._episodes, self._lengths, strict=True)]
-        check_budget([self._cost(*p) for p in whole], self.byte_budget, self._episodes)
+        self._episode_costs = np.array([self._cost(*p) for p in whole], dtype=np.int64)
+        check_budget(self._episode_costs, self.byte_budget, self._episodes)
         self.num_workers = 0
         self._planner = Planner(self._episodes, self._lengths, self._cost)
         self._fingerprint: str | None = None
@@ -398,10 +401,15 @@ class ShardedLeRobotDataset(IterableDataset):
             self._fingerprint = manifest_fingerprint(self._manifest)
         return self._fingerprint
 
+    def _part_budget(self, workers: int) -> int | None:
+        """Each part's pool budget: the rank's ``byte_budget`` split over its DataLoader
+        workers, since each worker holds its own pool (so the rank's RAM stays in budget)."""
+        return None if self.byte_budget is None else self.byte_budget // max(1, workers)
+
     def _ordering(self) -> Ordering:
-        return Ordering(
-            self.seed, self.shuffle, self.buffer_size, self.byte_budget, self.pad, self.repeat
-        )
+        """The order settings of this process's layout (the budget per part)."""
+        budget = self._part_budget(self._layout()[3])
+        return Ordering(self.seed, self.shuffle, self.buffer_size, budget, self.pad, self.repeat)
 
     def _state(
         self,
@@ -583,6 +591,8 @@ class ShardedLeRobotDataset(IterableDataset):
                 f"the state was loaded for {expected} DataLoader worker(s) per rank, but this "
                 f"loader has {workers}: set ds.num_workers = {workers} before load_state_dict"
             )
+        if workers > 1:
+            self._check_part_budget(workers)
         first = part_index(rank, world, 0, workers)[0]
         num_parts = world * workers
         ordering, planner = self._ordering(), self._planner
@@ -655,7 +665,7 @@ class ShardedLeRobotDataset(IterableDataset):
         prefetcher = Prefetcher(
             load,
             size,
-            byte_budget=self.byte_budget,
+            byte_budget=ordering.byte_budget,
             depth=self.prefetch_depth,
             threads=self.fetch_threads,
         )
@@ -698,6 +708,21 @@ class ShardedLeRobotDataset(IterableDataset):
             cursor.origin = None
         for old in [e for e in parts_of if e < epoch - 1]:
             del parts_of[old]
+
+    def _check_part_budget(self, workers: int) -> None:
+        """Refuse, naming it, an episode larger than a worker's share of the byte budget."""
+        budget = self._part_budget(workers)
+        if budget is None:
+            return
+        over = np.flatnonzero(self._episode_costs > budget)
+        if len(over):
+            i = int(over[0])
+            raise ValueError(
+                f"Episode {int(self._episodes[i])} requires {int(self._episode_costs[i])} bytes, "
+                f"exceeding the byte budget {budget} of each of the rank's {workers} DataLoader "
+                f"workers (byte_budget_gb={self.byte_budget / GB:g} split over them): raise "
+                "byte_budget_gb or use fewer workers"
+            )
 
     def _cost(self, episode: int, start: int, stop: int) -> int:
         """What a piece can hold in memory while resident: its episode's fetched bytes plus the
