@@ -328,7 +328,7 @@ def main() -> None:
         print(
             f"  peak memory, byte_budget_gb=1:     {pss / GB:6.2f} GB PSS ({rss / GB:.2f} GB RSS) "
             f"/ 1.5 GB = {pss / limit:.2f}  target <= 1   {verdict(pss <= limit)}  (process tree "
-            f"of a training loop, {args.workers} workers each with its own 1 GB pool; {n} "
+            f"of a training loop, {args.workers} workers sharing the 1 GB budget; {n} "
             f"samples in {secs:.1f} s)"
         )
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
