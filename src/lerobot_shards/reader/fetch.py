@@ -6,7 +6,7 @@ read is retried with exponential backoff before it becomes an error that names t
 the episode; a checksum mismatch is retried once (a torn read looks like corruption) and then
 reported as corruption.
 
-:class:`Prefetcher` runs the loading of the next admissions of a plan (fetch and decode) in a
+:class:`Prefetcher` runs the loading of the next admissions of a plan (fetch and demux) in a
 small thread pool while the consumer draws from the resident episodes, so the stream rarely
 waits on I/O, and keeps what is resident plus in flight within the byte budget.
 """
@@ -118,7 +118,7 @@ EVICT = "evict"
 class Prefetcher(Generic[K, V]):
     """Load the pieces a plan admits, ahead of time, in a thread pool, within a byte budget.
 
-    ``load(key)`` does the work (fetch and decode); ``size(key)`` is what the piece costs
+    ``load(key)`` does the work (fetch and demux); ``size(key)`` is what the piece costs
     against ``byte_budget``. :meth:`run` walks a plan's events, looks ahead for the next
     ``depth`` admissions and starts loading each while resident plus in-flight bytes stay within
     the budget. Loads start in admission order and stop at the first that does not fit, so the

@@ -168,8 +168,8 @@ def stream(
 
     The rates cover what follows ``warmup_batches`` batches, or, with ``warmup_epochs``, whole
     epochs from the start of epoch ``warmup_epochs`` (with persistent workers already running):
-    an episode is decoded on admission, so with a pool as large as the dataset an epoch's
-    decoding all comes before its first batch, and only whole epochs weigh it fairly.
+    admitting a pool as large as the dataset fetches and demuxes all of an epoch's episodes
+    before its first batch, and only whole epochs weigh that fairly.
     """
     if epochs is None:
         epochs = 1 if seconds is None else None
