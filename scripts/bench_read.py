@@ -175,12 +175,18 @@ def tree_memory(pid: int) -> tuple[int, int]:
 
 def memory_child(shards: str, budget_gb: float, workers: int, batch_size: int) -> None:
     """A training-style loop: one epoch, one optimizer step of a small model per batch."""
-    from lerobot_shards import ShardedLeRobotDataset
+    from lerobot_shards import ShardedLeRobotDataset, collate
 
     torch.manual_seed(0)
     ds = ShardedLeRobotDataset(shards, byte_budget_gb=budget_gb, return_uint8=True)
     ds.num_workers = workers
-    loader = DataLoader(ds, batch_size=batch_size, num_workers=workers, worker_init_fn=one_thread)
+    loader = DataLoader(
+        ds,
+        batch_size=batch_size,
+        num_workers=workers,
+        worker_init_fn=one_thread,
+        collate_fn=collate,
+    )
     cameras = ds.meta.camera_keys
     model = torch.nn.Sequential(
         torch.nn.Conv2d(3 * len(cameras), 8, 3, stride=2),

@@ -57,7 +57,7 @@ def run_demo(
     workdir: str | Path, *, workers: int = 2, batch_size: int = 8, seed: int = 0
 ) -> DemoReport:
     """Make, convert and stream the sample dataset in ``workdir`` (recreated); train one epoch."""
-    from lerobot_shards import ShardedLeRobotDataset, convert
+    from lerobot_shards import ShardedLeRobotDataset, collate, convert
     from lerobot_shards.testing.factory import make_dataset
 
     workdir = Path(workdir)
@@ -77,7 +77,7 @@ def run_demo(
 
     ds = ShardedLeRobotDataset(str(workdir / "shards"), seed=seed, buffer_size=4, return_uint8=True)
     ds.num_workers = workers
-    loader = DataLoader(ds, batch_size=batch_size, num_workers=workers)
+    loader = DataLoader(ds, batch_size=batch_size, num_workers=workers, collate_fn=collate)
     model = TinyPolicy(len(ds.meta.camera_keys), state_dim=4, action_dim=4)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
 

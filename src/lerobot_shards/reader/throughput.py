@@ -30,6 +30,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from lerobot_shards.format import MANIFEST_FILE, join, read_manifest
+from lerobot_shards.reader.collate import collate
 from lerobot_shards.reader.dataset import ShardedLeRobotDataset, rank_and_world_size
 from lerobot_shards.reader.partition import split_parts
 
@@ -195,6 +196,7 @@ def stream(
         num_workers=workers,
         persistent_workers=workers > 0,
         worker_init_fn=_one_intra_op_thread if workers > 0 else None,
+        **({} if batch_size is None else {"collate_fn": collate}),
     )
     stats = StreamStats(epoch_frames=len(ds) - ds.padding)
     seen = np.zeros(ds.meta.total_frames, dtype=bool)

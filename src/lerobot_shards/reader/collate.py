@@ -1,0 +1,52 @@
+"""A DataLoader ``collate_fn`` that batches camera frames without transposing them.
+
+The reader hands out camera frames as channel-first ``permute`` views of the decoder's
+channel-last (HWC) frames. ``default_collate`` stacks those into a contiguous NCHW batch: a
+transposing copy that costs about half as much as decoding the frame. :func:`collate` stacks
+them channel-last instead (a plain copy) and returns the batch as an NCHW view of it, that is
+a ``torch.channels_last`` tensor: the same shape and values (``torch.equal``), which convolutions
+take as they are. Everything else is batched by ``default_collate``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch.utils.data import default_collate, get_worker_info
+
+
+def _channels_last_view(value: object) -> bool:
+    """A (..., C, H, W) tensor whose memory is laid out (..., H, W, C), as the reader's frames."""
+    return (
+        isinstance(value, torch.Tensor)
+        and value.dim() >= 3
+        and not value.is_contiguous()
+        and value.movedim(-3, -1).is_contiguous()
+    )
+
+
+def _stack_channels_last(frames: Sequence[torch.Tensor]) -> torch.Tensor:
+    first = frames[0].movedim(-3, -1)
+    out = torch.empty((len(frames), *first.shape), dtype=first.dtype)
+    if get_worker_info() is not None:
+        out.share_memory_()  # as default_collate does: the batch crosses to the main process
+    torch.stack([f.movedim(-3, -1) for f in frames], out=out)
+    return out.movedim(-1, -3)
+
+
+def collate(batch: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Batch reader items: camera frames channel-last in memory, the rest by default_collate."""
+    first = batch[0]
+    frame_keys = [key for key, value in first.items() if _channels_last_view(value)]
+    rest = default_collate(
+        [{k: v for k, v in item.items() if k not in frame_keys} for item in batch]
+    )
+    out = {}
+    for key in first:
+        if key in frame_keys:
+            out[key] = _stack_channels_last([item[key] for item in batch])
+        else:
+            out[key] = rest[key]
+    return out
