@@ -164,7 +164,7 @@ def verify(root: str, deep: bool) -> None:
 @click.option(
     "--byte-budget-gb",
     type=click.FloatRange(min=0, min_open=True),
-    help="Bytes resident per worker, fetched plus decoded (default: no limit).",
+    help="Bytes resident for this rank, split over its workers (default: no limit).",
 )
 @click.option(
     "--uint8/--float",
