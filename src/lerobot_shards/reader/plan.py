@@ -356,15 +356,15 @@ class _Pool:
         saved = bitgen.state
         rem = self.rem
         prefix = list(accumulate(rem))
-        removed: list[int] = []
+        removed: list[int] = [_NEVER]  # a sentinel above every position ends the stepping
         insert, search = removed.insert, bisect_right
         slots: list[int] = []
         lefts: list[int] = []
         evicted = -1
-        for n, t in enumerate(self.rng.integers(bounds).tolist()):  # n == len(removed)
+        for t in self.rng.integers(bounds).tolist():
             i = search(removed, t)
             p = t + i
-            while i < n and removed[i] <= p:
+            while removed[i] <= p:
                 i += 1
                 p += 1
             insert(i, p)
