@@ -70,6 +70,7 @@ from typing import Any
 
 import fsspec
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
@@ -314,10 +315,14 @@ class ShardedLeRobotDataset(IterableDataset):
         self._lengths = table.column("length").to_numpy()
         self._sizes = table.column("size").to_numpy()
         self._offsets = table.column("offset").to_numpy()
-        self._from_index = table.column("dataset_from_index").to_numpy()
         self._shards = table.column("shard").to_pylist()
         self._checksums = table.column("checksum").to_pylist()
         self._row_of = {int(e): i for i, e in enumerate(self._episodes.tolist())}
+
+    @property
+    def manifest(self) -> pa.Table:
+        """The manifest rows of the selected episodes, in episode order."""
+        return self._manifest
 
     @property
     def num_frames(self) -> int:

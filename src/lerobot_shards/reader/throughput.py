@@ -24,12 +24,10 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
-import fsspec
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from lerobot_shards.format import MANIFEST_FILE, join, read_manifest
 from lerobot_shards.reader.collate import collate
 from lerobot_shards.reader.dataset import ShardedLeRobotDataset, rank_and_world_size
 from lerobot_shards.reader.partition import split_parts
@@ -96,12 +94,8 @@ class StreamStats:
 class _FetchCounter:
     """Shard bytes behind the samples seen: an episode's bytes once per piece per epoch."""
 
-    def __init__(
-        self, ds: ShardedLeRobotDataset, num_parts: int, storage_options: dict | None
-    ) -> None:
-        fs, path = fsspec.core.url_to_fs(ds.root, **(storage_options or {}))
-        table = read_manifest(fs, join(path, MANIFEST_FILE))
-        table = table.filter(np.isin(table.column("episode_index").to_numpy(), ds.episodes))
+    def __init__(self, ds: ShardedLeRobotDataset, num_parts: int) -> None:
+        table = ds.manifest
         self._episodes = table.column("episode_index").to_numpy()
         self._lengths = table.column("length").to_numpy()
         self._row = {int(e): i for i, e in enumerate(self._episodes.tolist())}
@@ -188,7 +182,7 @@ def stream(
     )
     ds.num_workers = workers
     _, world = rank_and_world_size()
-    counter = _FetchCounter(ds, world * max(1, workers), storage_options)
+    counter = _FetchCounter(ds, world * max(1, workers))
     shape = {key: int(np.prod(ds.meta.features[key]["shape"])) for key in ds.meta.camera_keys}
     loader = DataLoader(
         ds,
