@@ -38,6 +38,7 @@ from lerobot_shards.format import (
     INDEX_FILE,
     INFO_FILE,
     MANIFEST_FILE,
+    META_DIR,
     SHARDS_DIR,
     STATS_FILE,
     TASKS_FILE,
@@ -421,7 +422,7 @@ def _write_dataset_files(
     index_path = join(root, INDEX_FILE)
     if fs.exists(index_path):
         fs.rm_file(index_path)
-    fs.makedirs(join(root, "meta"), exist_ok=True)
+    fs.makedirs(join(root, META_DIR), exist_ok=True)
     _put(fs, join(root, INFO_FILE), _read(src, INFO_FILE))
     if src.exists(STATS_FILE):
         _put(fs, join(root, STATS_FILE), _read(src, STATS_FILE))
