@@ -52,17 +52,21 @@ def generate(cache: Path, size_mb: float, crf: int, episode_length: int) -> Path
         shutil.rmtree(root)
     factory_video.CRF = crf  # the factory's encoder quality (module constant)
     probe = cache / ".probe"
+
+    def make(path: Path, episodes: int) -> None:
+        make_dataset(
+            path,
+            episode_lengths=[episode_length] * episodes,
+            cameras=CAMERAS,
+            fps=FPS,
+            content="realistic",
+            data_files_size_in_mb=100,
+            video_files_size_in_mb=200,
+        )
+
     if probe.exists():
         shutil.rmtree(probe)
-    make_dataset(
-        probe,
-        episode_lengths=[episode_length],
-        cameras=CAMERAS,
-        fps=FPS,
-        content="realistic",
-        data_files_size_in_mb=100,
-        video_files_size_in_mb=200,
-    )
+    make(probe, 1)
     per_episode = tree_bytes(probe)
     shutil.rmtree(probe)
     episodes = math.ceil(size_mb * MB * 1.05 / per_episode)
@@ -72,15 +76,7 @@ def generate(cache: Path, size_mb: float, crf: int, episode_length: int) -> Path
         flush=True,
     )
     started = time.perf_counter()
-    make_dataset(
-        root,
-        episode_lengths=[episode_length] * episodes,
-        cameras=CAMERAS,
-        fps=FPS,
-        content="realistic",
-        data_files_size_in_mb=100,
-        video_files_size_in_mb=200,
-    )
+    make(root, episodes)
     total = tree_bytes(root)
     if total < size_mb * MB:
         raise SystemExit(f"{root}: generated {total / MB:.0f} MB < {size_mb} MB; raise --size-mb")
