@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from lerobot_shards.format import MANIFEST_SCHEMA, read_manifest, shard_path
 from lerobot_shards.reader.partition import split_parts
-from lerobot_shards.reader.plan import Draw, iter_reference_draws, plan_part
+from lerobot_shards.reader.plan import Draws, iter_reference_draws, plan_part
 
 
 def machine() -> str:
@@ -52,8 +52,17 @@ def synthetic_lengths(episodes: int, total: int | None = None, seed: int = 0) ->
     return lengths
 
 
-def first_draws(events, n: int) -> list[Draw]:
-    return list(itertools.islice((e for e in events if type(e) is Draw), n))
+def first_draws(events, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The pieces and frames of the first ``n`` draws of a plan (its runs cut at ``n``)."""
+    pieces, frames, have = [], [], 0
+    for event in events:
+        if type(event) is Draws:
+            pieces.append(event.pieces[: n - have])
+            frames.append(event.frames[: n - have])
+            have += len(pieces[-1])
+            if have == n:
+                break
+    return np.concatenate(pieces), np.concatenate(frames)
 
 
 def bench_draws(draws: int, buffer_size: int) -> None:
@@ -73,7 +82,8 @@ def bench_draws(draws: int, buffer_size: int) -> None:
             plan_part(pieces, None, buffer_size=buffer_size, byte_budget=None, seed=[0, 0]), draws
         )
     )
-    same = [(int(pieces.episodes[d.piece]), d.frame) for d in planned] == reference
+    episodes_drawn = pieces.episodes[planned[0]].tolist()
+    same = list(zip(episodes_drawn, planned[1].tolist(), strict=True)) == reference
     print(f"draws/s at buffer_size {buffer_size} (first {draws:,} draws, order identical: {same})")
     row = "  {:<22} {:12,.0f} /s wall   {:12,.0f} /s cpu"
     print(row.format("reference linear walk", draws / ref_wall, draws / ref_cpu))

@@ -5,13 +5,16 @@ Generates (once, cached) a LeRobot v3.0 dataset with the test factory, as LeRobo
 30 fps, episodes sharing large video files; converts it once. Then measures, with the same
 DataLoader workers (each collating on one intra-op thread), batch size and ``return_uint8``:
 
-- reader: ``ShardedLeRobotDataset`` (shuffle) through a DataLoader with persistent workers, timed
-  over whole epochs after a warm-up epoch (an episode is decoded on admission, so only whole
-  epochs weigh decoding fairly);
+- reader: ``ShardedLeRobotDataset`` (shuffle, default decode threads) through a DataLoader,
+  twice: with ``--workers`` persistent workers (as the baseline) and in process
+  (``num_workers=0``: its decode threads use the cores and no batch crosses processes); timed
+  over whole epochs after a warm-up epoch;
 - baseline: ``LeRobotSource`` (decoders kept open between items) under a shuffling DataLoader,
   timed for ``--seconds`` after a few warm-up batches;
 - ceiling: every frame of the same source videos decoded in file order with PyAV and converted
-  to rgb24, one process per video file on a pool of ``--workers`` processes (best of two);
+  to rgb24, one process per video file on a pool of ``--workers`` processes; the best of three
+  ways to call PyAV (its defaults, a reused swscale context, one codec and one swscale thread),
+  each run twice;
 - time to first batch: constructing the dataset to its first batch through the DataLoader;
 - memory: peak memory (sum of PSS, and of RSS, over the process tree, sampled every 0.1 s) of a
   training-style loop (one optimizer step per batch) with ``byte_budget_gb=1``, in a fresh
@@ -35,6 +38,7 @@ import av
 import numpy as np
 import torch
 from _bench_common import CAMERAS_2X480X640, cached_conversion, cached_dataset, machine_line
+from av.video.reformatter import VideoReformatter
 from torch.utils.data import DataLoader
 
 from lerobot_shards.reader.throughput import stream
@@ -56,11 +60,14 @@ def verdict(ok: bool) -> str:
 # ----------------------------------------------------------------------------- measurements
 
 
-def measure_reader(shards: Path, args: argparse.Namespace) -> tuple[float, float, int, float]:
-    """(samples/s, camera frames/s, samples, seconds) over whole epochs after a warm-up epoch."""
+def measure_reader(
+    shards: Path, args: argparse.Namespace, workers: int
+) -> tuple[float, float, int, float]:
+    """(samples/s, camera frames/s, samples, seconds) over whole epochs after a warm-up epoch,
+    through a DataLoader with ``workers`` workers (0: in process, decoding on threads)."""
     stats = stream(
         str(shards),
-        workers=args.workers,
+        workers=workers,
         batch_size=args.batch_size,
         epochs=1 + args.reader_epochs,
         warmup_epochs=1,
@@ -105,26 +112,46 @@ def measure_baseline(source: Path, args: argparse.Namespace) -> tuple[float, int
     return samples / elapsed, samples, elapsed
 
 
-def decode_file(path: str) -> int:
-    """Every frame of one video file, in order, to rgb24 (as a loader must deliver it)."""
+def decode_file(job: tuple[str, str]) -> int:
+    """Every frame of one video file, in order, to rgb24 (as a loader must deliver it).
+
+    ``pyav-defaults``: ``container.decode`` and ``frame.to_ndarray(format="rgb24")``;
+    ``reused-scaler``: one swscale context for the file, codec threads as PyAV sets them;
+    ``one-thread``: one codec thread and one swscale thread (what the reader's threads use).
+    """
+    path, how = job
     count = 0
+    reformatter = VideoReformatter()
     with av.open(path) as container:
-        for frame in container.decode(video=0):
-            frame.to_ndarray(format="rgb24")
+        stream = container.streams.video[0]
+        if how == "one-thread":
+            stream.codec_context.thread_count = 1
+        for frame in container.decode(stream):
+            if how == "pyav-defaults":
+                frame.to_ndarray(format="rgb24")
+            else:
+                threads = 1 if how == "one-thread" else None
+                reformatter.reformat(frame, format="rgb24", threads=threads).to_ndarray()
             count += 1
     return count
 
 
-def measure_ceiling(source: Path, workers: int) -> tuple[float, int, list[float]]:
-    """(best camera frames/s, frames, every run's frames/s) of in-order decoding on a pool."""
+CEILING_METHODS = ("pyav-defaults", "reused-scaler", "one-thread")
+
+
+def measure_ceiling(source: Path, workers: int) -> tuple[float, int, dict[str, float]]:
+    """(best camera frames/s, frames, best frames/s of each method) of in-order decoding of
+    every file on a pool of ``workers`` processes, each method run twice, interleaved."""
     files = sorted(str(p) for p in (source / "videos").rglob("*.mp4"))
-    rates = []
+    rates: dict[str, float] = dict.fromkeys(CEILING_METHODS, 0.0)
     with multiprocessing.get_context("fork").Pool(max(1, workers)) as pool:
         for _ in range(2):
-            started = time.perf_counter()
-            frames = sum(pool.imap_unordered(decode_file, files, chunksize=1))
-            rates.append(frames / (time.perf_counter() - started))
-    return max(rates), frames, rates
+            for how in CEILING_METHODS:
+                started = time.perf_counter()
+                jobs = [(f, how) for f in files]
+                frames = sum(pool.imap_unordered(decode_file, jobs, chunksize=1))
+                rates[how] = max(rates[how], frames / (time.perf_counter() - started))
+    return max(rates.values()), frames, rates
 
 
 def measure_first_batch(shards: Path, args: argparse.Namespace, buffer_size: int) -> float:
@@ -262,7 +289,6 @@ def main() -> None:
         )
         return
 
-    torch.set_num_threads(1)
     lengths = np.random.default_rng(0).integers(60, 101, EPISODES).tolist()
     name = f"read-v30-{EPISODES}ep-2x480x640"
     source = cached_dataset(
@@ -286,24 +312,29 @@ def main() -> None:
         flush=True,
     )
 
-    ceiling, ceiling_frames, runs = measure_ceiling(source, args.workers)
+    ceiling, ceiling_frames, methods = measure_ceiling(source, args.workers)
     print(
         f"ceiling:  {ceiling:7.1f} camera frames/s  in-order PyAV decode to rgb24 of every frame "
-        f"({ceiling_frames} frames, {args.workers} processes; runs "
-        f"{', '.join(f'{r:.0f}' for r in runs)})",
+        f"({ceiling_frames} frames, {args.workers} processes), the best of: "
+        + ", ".join(f"{how} {rate:.0f}" for how, rate in methods.items()),
         flush=True,
     )
-    reader, reader_frames, n, secs = measure_reader(shards, args)
-    print(
-        f"reader:   {reader:7.1f} samples/s = {reader_frames:.1f} camera frames/s  "
-        f"(ShardedLeRobotDataset, {n} samples in {secs:.1f} s over {args.reader_epochs} whole "
-        "epochs after a warm-up epoch)",
-        flush=True,
-    )
+    readers = {}
+    for workers in (args.workers, 0):
+        readers[workers] = measure_reader(shards, args, workers)
+        rate, rate_frames, n, secs = readers[workers]
+        where = f"{workers} DataLoader workers" if workers else "DataLoader in process"
+        print(
+            f"reader:   {rate:7.1f} samples/s = {rate_frames:.1f} camera frames/s  "
+            f"(ShardedLeRobotDataset, {where}, default decode threads; {n} samples in "
+            f"{secs:.1f} s over {args.reader_epochs} whole epochs after a warm-up epoch)",
+            flush=True,
+        )
     baseline, n, secs = measure_baseline(source, args)
     print(
         f"baseline: {baseline:7.1f} samples/s = {baseline * cameras:.1f} camera frames/s  "
-        f"(LeRobotSource, shuffling DataLoader, {n} samples in {secs:.1f} s)",
+        f"(LeRobotSource, shuffling DataLoader, {args.workers} workers, {n} samples in "
+        f"{secs:.1f} s)",
         flush=True,
     )
     first = measure_first_batch(shards, args, args.buffer_size)
@@ -315,15 +346,17 @@ def main() -> None:
         flush=True,
     )
     print("targets:")
-    ratio = reader / baseline
-    print(
-        f"  reader / baseline samples/s:       {ratio:6.2f}x  target >= 3x   {verdict(ratio >= 3)}"
-    )
-    closeness = reader_frames / ceiling
-    print(
-        f"  reader camera frames/s / ceiling:  {closeness:6.2f}   target >= 0.7  "
-        f"{verdict(closeness >= 0.7)}"
-    )
+    for workers, (rate, rate_frames, _, _) in readers.items():
+        where = f"{workers} workers" if workers else "in process"
+        ratio, closeness = rate / baseline, rate_frames / ceiling
+        print(
+            f"  reader ({where}) / baseline samples/s:  {ratio:6.2f}x  target >= 3x   "
+            f"{verdict(ratio >= 3)}"
+        )
+        print(
+            f"  reader ({where}) frames/s / ceiling:    {closeness:6.2f}   target >= 0.7  "
+            f"{verdict(closeness >= 0.7)}"
+        )
     print(
         f"  time to first batch:               {first:6.2f} s  target < 1 s   "
         f"{verdict(first < 1)}  (buffer_size={args.buffer_size})"

@@ -24,7 +24,7 @@ from lerobot_shards.reader.elastic import (
     consumed_per_worker,
 )
 from lerobot_shards.reader.partition import samples_per_part, split_parts
-from lerobot_shards.reader.plan import Draw, plan_part
+from lerobot_shards.reader.plan import Draw, one_by_one, plan_part
 
 
 def cost(episode: int, start: int, stop: int) -> int:
@@ -48,14 +48,16 @@ def fresh_draws(episodes, lengths, ordering: Ordering, num_parts: int, epoch: in
     ):
         sizes = [cost(q.episode, q.start, q.stop) for q in pieces]
         seed = [ordering.seed, epoch] if num_parts == 1 else [ordering.seed, epoch, p]
-        events = plan_part(
-            pieces,
-            sizes,
-            buffer_size=ordering.buffer_size,
-            byte_budget=ordering.byte_budget,
-            seed=seed,
-            shuffle=ordering.shuffle,
-            num_samples=samples[p],
+        events = one_by_one(
+            plan_part(
+                pieces,
+                sizes,
+                buffer_size=ordering.buffer_size,
+                byte_budget=ordering.byte_budget,
+                seed=seed,
+                shuffle=ordering.shuffle,
+                num_samples=samples[p],
+            )
         )
         out.append(
             [int(begins[pieces[e.piece].episode] + e.frame) for e in events if type(e) is Draw]
@@ -66,7 +68,7 @@ def fresh_draws(episodes, lengths, ordering: Ordering, num_parts: int, epoch: in
 def part_draws(planner: Planner, part: Part, ordering: Ordering) -> list[int]:
     """A rest part's frame ids in draw order (the reader maps draws through positions)."""
     out = []
-    for e in part.plan(ordering, cost):
+    for e in one_by_one(part.plan(ordering, cost)):
         if type(e) is Draw:
             episode = int(part.episodes[e.piece])
             out.append(int(planner.ids([episode], [part.position(e.piece, e.frame)])[0]))

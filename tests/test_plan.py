@@ -11,8 +11,10 @@ from lerobot_shards.reader.partition import Pieces, part_index, samples_per_part
 from lerobot_shards.reader.plan import (
     Admit,
     Draw,
+    Draws,
     Evict,
     check_budget,
+    one_by_one,
     plan_part,
     reference_draws,
 )
@@ -24,6 +26,16 @@ SIZES = {0: 30, 2: 10, 5: 40, 7: 20, 9: 5}
 def one_part(counts: dict[int, int]) -> Pieces:
     episodes = np.array(list(counts), dtype=np.int64)
     return split_parts(episodes, np.array(list(counts.values())), 1, seed=0, epoch=0)[0]
+
+
+def planned(*args, **kwargs) -> list:
+    """``plan_part``'s events with its runs split into single draws, each run checked first."""
+    events = list(plan_part(*args, **kwargs))
+    for event in events:
+        if type(event) is Draws:
+            assert event.pieces.dtype == event.frames.dtype == np.int64
+            assert len(event.pieces) == len(event.frames) > 0
+    return list(one_by_one(events))
 
 
 def draws_of(events, pieces: Pieces) -> list[tuple[int, int]]:
@@ -74,7 +86,7 @@ def test_whole_order_of_a_small_case():
     assert reference == expected
     pieces = one_part(COUNTS)
     sizes = [SIZES[e] for e in pieces.episodes.tolist()]
-    events = list(plan_part(pieces, sizes, buffer_size=2, byte_budget=60, seed=[0, 0]))
+    events = planned(pieces, sizes, buffer_size=2, byte_budget=60, seed=[0, 0])
     assert draws_of(events, pieces) == expected
     assert [e for e in events if not isinstance(e, Draw)][:3] == [Admit(2), Admit(1), Evict(1)]
     check_events(events, pieces, sizes, 2, 60)
@@ -108,11 +120,9 @@ def test_fast_planner_equals_the_reference_and_resumes_at_any_offset(
     sizes = [sizes_by_episode[e] for e in pieces.episodes.tolist()]
 
     def plan(start=0):
-        return list(
-            plan_part(
-                pieces, sizes, buffer_size=buffer_size, byte_budget=budget,
-                seed=[seed, epoch], start=start,
-            )
+        return planned(
+            pieces, sizes, buffer_size=buffer_size, byte_budget=budget, seed=[seed, epoch],
+            start=start,
         )  # fmt: skip
 
     events = plan()
@@ -163,7 +173,7 @@ def test_every_frame_once_over_all_parts_with_equal_lengths(
                 buffer_size=buffer_size, byte_budget=budget, seed=[seed, epoch, part],
                 shuffle=shuffle, num_samples=samples[part],
             )  # fmt: skip
-            events = list(plan_part(pieces, sizes, **kwargs))
+            events = planned(pieces, sizes, **kwargs)
             check_events(events, pieces, sizes, buffer_size, budget)
             drawn = draws_of(events, pieces)
             assert len(drawn) == samples[part]
@@ -175,7 +185,7 @@ def test_every_frame_once_over_all_parts_with_equal_lengths(
             if not shuffle:
                 assert drawn[:own] == sorted(drawn[:own])
             start = data.draw(st.integers(0, samples[part] + 1))
-            suffix = list(plan_part(pieces, sizes, start=start, **kwargs))
+            suffix = planned(pieces, sizes, start=start, **kwargs)
             assert draws_of(suffix, pieces) == drawn[start:]
             check_events(suffix, pieces, sizes, buffer_size, budget)
     assert sorted(real) == [
@@ -188,18 +198,15 @@ def test_every_frame_once_over_all_parts_with_equal_lengths(
 def test_padding_repeats_the_last_piece_in_draw_order():
     pieces = Pieces(np.array([1, 2]), np.array([0, 4]), np.array([3, 6]))
     for shuffle in (True, False):
-        events = list(
-            plan_part(pieces, None, buffer_size=2, byte_budget=None, seed=[1, 0], shuffle=shuffle,
-                      num_samples=10)
-        )  # fmt: skip
+        events = planned(pieces, None, buffer_size=2, byte_budget=None, seed=[1, 0],
+                         shuffle=shuffle, num_samples=10)  # fmt: skip
         draws = [(e.piece, e.frame) for e in events if isinstance(e, Draw)]
         assert events[-1] == Evict(draws[4][0])  # the last piece is evicted after its padding
         last = [d for d in draws[:5] if d[0] == draws[4][0]]
         assert draws[5:] == (last * 5)[: 10 - 5]
         for start in range(12):
-            resumed = [e for e in plan_part(pieces, None, buffer_size=2, byte_budget=None,
-                                            seed=[1, 0], shuffle=shuffle, num_samples=10,
-                                            start=start)]  # fmt: skip
+            resumed = planned(pieces, None, buffer_size=2, byte_budget=None, seed=[1, 0],
+                              shuffle=shuffle, num_samples=10, start=start)  # fmt: skip
             assert [(e.piece, e.frame) for e in resumed if isinstance(e, Draw)] == draws[start:]
             if start < 10:
                 assert isinstance(resumed[0], Admit) and resumed[-1] == events[-1]
@@ -211,7 +218,7 @@ def test_order_is_a_pure_function_of_its_inputs():
     pieces = one_part({e: 20 for e in range(30)})
 
     def order(seed):
-        return list(plan_part(pieces, None, buffer_size=4, byte_budget=None, seed=seed))
+        return planned(pieces, None, buffer_size=4, byte_budget=None, seed=seed)
 
     assert order([7, 1]) == order([7, 1])
     assert order([7, 1]) != order([7, 2])  # another epoch
@@ -221,8 +228,8 @@ def test_order_is_a_pure_function_of_its_inputs():
 
 def test_unshuffled_order_is_ascending_and_admits_ahead():
     pieces = Pieces(np.arange(4), np.zeros(4), np.array([3, 0, 2, 4]))  # piece 1 has no frame
-    events = list(plan_part(pieces, [5, 1, 5, 5], buffer_size=2, byte_budget=10, seed=[0, 0],
-                            shuffle=False))  # fmt: skip
+    events = planned(pieces, [5, 1, 5, 5], buffer_size=2, byte_budget=10, seed=[0, 0],
+                     shuffle=False)  # fmt: skip
     assert events == [
         Admit(0), Admit(2), Draw(0, 0), Draw(0, 1), Draw(0, 2), Evict(0), Admit(3),
         Draw(2, 0), Draw(2, 1), Evict(2), Draw(3, 0), Draw(3, 1), Draw(3, 2), Draw(3, 3), Evict(3),
@@ -261,9 +268,7 @@ def test_larger_epoch_equals_the_reference_with_resume(buffer_size, budget):
     pieces = one_part(counts)
     sizes = [sizes_by_episode[e] for e in pieces.episodes.tolist()]
     for start in (0, 1, 777, len(reference) // 2, len(reference) - 1):
-        events = list(
-            plan_part(pieces, sizes, buffer_size=buffer_size, byte_budget=budget, seed=[11, 4],
-                      start=start)
-        )  # fmt: skip
+        events = planned(pieces, sizes, buffer_size=buffer_size, byte_budget=budget,
+                         seed=[11, 4], start=start)  # fmt: skip
         assert draws_of(events, pieces) == reference[start:]
         check_events(events, pieces, sizes, buffer_size, budget)

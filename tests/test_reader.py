@@ -115,6 +115,26 @@ def test_epoch_is_every_index_once_and_equals_source(
         assert_same_item(item, source[int(item["index"])])
 
 
+@pytest.mark.parametrize("delta", [False, True])
+def test_decoding_ahead_on_threads_changes_nothing(av1, golden_delta_timestamps, delta):
+    """GOPs decoded ahead on a thread pool give the very items, in the very order, of decoding
+    each GOP in the iterating thread when its first frame is drawn."""
+    options = {"buffer_size": 2, "delta_timestamps": golden_delta_timestamps if delta else None}
+    inline = list(ShardedLeRobotDataset(av1, decode_threads=0, **options))
+    ahead = ShardedLeRobotDataset(av1, decode_threads=3, **options)
+    ahead.decode_ahead = 5
+    threaded = list(ahead)
+    assert indices(threaded) == indices(inline)
+    assert sorted(indices(inline)) == list(range(FRAMES))
+    for a, b in zip(threaded, inline, strict=True):
+        assert_same_item(a, b)
+
+
+def test_negative_decode_threads_is_refused(av1):
+    with pytest.raises(ValueError, match="decode_threads"):
+        ShardedLeRobotDataset(av1, decode_threads=-1)
+
+
 @pytest.mark.skipif(not HAS_TORCHCODEC, reason="torchcodec is not installed")
 def test_torchcodec_items_equal_source(av1, golden_dir):
     ds = ShardedLeRobotDataset(av1, video_backend="torchcodec")

@@ -81,9 +81,12 @@ def test_seconds_stop_the_stream_early(converted: Path):
     assert np.isclose(stats.coverage, 1 / FRAMES)
 
 
-def test_cli_streams_one_epoch_and_reports_full_coverage(converted: Path):
+@pytest.mark.parametrize(
+    "loader", [["--workers", "2"], ["--workers", "0", "--decode-threads", "1"]], ids=["2", "0"]
+)
+def test_cli_streams_one_epoch_and_reports_full_coverage(converted: Path, loader: list[str]):
     result = subprocess.run(
-        [*CLI, str(converted), "--workers", "2", "--batch-size", "4", "--interval", "0"],
+        [*CLI, str(converted), *loader, "--batch-size", "4", "--interval", "0"],
         capture_output=True,
         text=True,
         timeout=120,

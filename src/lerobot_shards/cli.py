@@ -175,6 +175,12 @@ def verify(root: str, deep: bool) -> None:
 )
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option(
+    "--decode-threads",
+    type=click.IntRange(min=0),
+    help="Threads per process decoding upcoming frames (default: the cores shared out over "
+    "the workers; 0: decode in the iterating thread).",
+)
+@click.option(
     "--interval",
     type=click.FloatRange(min=0),
     default=5.0,
@@ -183,7 +189,8 @@ def verify(root: str, deep: bool) -> None:
 )
 def stream(
     root: str, workers: int, batch_size: int, seconds: float | None, epochs: int | None,
-    buffer_size: int, byte_budget_gb: float | None, uint8: bool, seed: int, interval: float,
+    buffer_size: int, byte_budget_gb: float | None, uint8: bool, seed: int,
+    decode_threads: int | None, interval: float,
 ) -> None:  # fmt: skip
     """Stream the converted dataset at ROOT through a DataLoader and print what it delivers:
     samples/s, camera frames/s, shard MB/s and the epoch's coverage so far."""
@@ -201,6 +208,7 @@ def stream(
             byte_budget_gb=byte_budget_gb,
             return_uint8=uint8,
             seed=seed,
+            dataset_options={"decode_threads": decode_threads},
             report=lambda s: click.echo(s.line()),
             interval_s=interval,
         )

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import default_collate, get_worker_info
 
@@ -29,10 +30,17 @@ def _channels_last_view(value: object) -> bool:
 
 def _stack_channels_last(frames: Sequence[torch.Tensor]) -> torch.Tensor:
     first = frames[0].movedim(-3, -1)
-    out = torch.empty((len(frames), *first.shape), dtype=first.dtype)
-    if get_worker_info() is not None:
-        out.share_memory_()  # as default_collate does: the batch crosses to the main process
-    torch.stack([f.movedim(-3, -1) for f in frames], out=out)
+    shape = (len(frames), *first.shape)
+    if get_worker_info() is not None:  # as default_collate: the batch crosses to the main process
+        storage = torch.UntypedStorage._new_shared(
+            first.numel() * first.element_size() * len(frames)
+        )
+        out = torch.empty(0, dtype=first.dtype).set_(storage).view(shape)
+    else:
+        out = torch.empty(shape, dtype=first.dtype)
+    # numpy copies on this thread; torch.stack would wake the intra-op thread pool, whose
+    # spinning threads take the cores the decode threads need.
+    np.stack([f.movedim(-3, -1).numpy() for f in frames], out=out.numpy())
     return out.movedim(-1, -3)
 
 

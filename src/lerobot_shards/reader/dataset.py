@@ -65,6 +65,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,7 +100,7 @@ from lerobot_shards.reader.elastic import (
 from lerobot_shards.reader.episode import Episode, load_episode, needed_range
 from lerobot_shards.reader.fetch import ADMIT, EVICT, Prefetcher, Span, read_span
 from lerobot_shards.reader.partition import part_index, samples_per_part
-from lerobot_shards.reader.plan import Admit, Draw, Evict, check_budget
+from lerobot_shards.reader.plan import Admit, Draws, Evict, check_budget
 
 GB = 10**9
 
@@ -162,12 +163,21 @@ class ShardedLeRobotDataset(IterableDataset):
     in LeRobot. ``pad=False`` turns off the padding that gives
     every rank and worker the same number of samples (for evaluation).
 
+    ``decode_threads``: threads per iterating process that decode the GOPs of the next
+    ``decode_ahead`` draws while items are built (FFmpeg runs without the GIL, so they use
+    several cores). Default: the usable cores shared out over the rank's DataLoader workers
+    (all of them with ``num_workers=0``, where no batch has to cross processes: on few cores
+    the fastest setting). ``0`` decodes each GOP when its first frame is drawn, in the
+    iterating thread. The torchcodec backend always decodes that way.
+
     ``len(ds)`` and ``ds.padding`` count this rank's samples per epoch over ``ds.num_workers``
     DataLoader workers (set it to the DataLoader's ``num_workers``; inside a worker it is known).
     """
 
     prefetch_depth = 2
     """Admissions fetched and demuxed ahead of the pool."""
+    decode_ahead = 16
+    """Upcoming draws whose GOPs the decode threads may work on ahead of the consumer."""
     fetch_threads = 2
     fetch_retries = 5
 
@@ -188,11 +198,15 @@ class ShardedLeRobotDataset(IterableDataset):
         video_backend: str = "pyav",
         storage_options: dict | None = None,
         pad: bool = True,
+        decode_threads: int | None = None,
     ) -> None:
         super().__init__()
         if buffer_size < 1:
             raise ValueError(f"buffer_size must be at least 1, got {buffer_size}")
         check_backend(video_backend)
+        if decode_threads is not None and decode_threads < 0:
+            raise ValueError(f"decode_threads must be non-negative, got {decode_threads}")
+        self.decode_threads = decode_threads
         self.root = str(root)
         self._storage_options = dict(storage_options or {})
         self._fs, self._path = fsspec.core.url_to_fs(self.root, **self._storage_options)
@@ -674,35 +688,64 @@ class ShardedLeRobotDataset(IterableDataset):
             depth=self.prefetch_depth,
             threads=self.fetch_threads,
         )
+        threads = self._decode_thread_count()
+        decoder = ThreadPoolExecutor(threads, "lerobot-shards-decode") if threads else None
         resident: dict[tuple[int, int], Episode] = {}
         memory = 0
         tasks = self.meta.tasks
-        for (epoch, event), value in prefetcher.run(events(), classify):
-            kind = type(event)
-            if kind is Draw:
-                if epoch != cursor.epoch:  # the stream ran on into the next epoch
-                    self._advance(cursor, parts_of, epoch)
-                position = parts_of[epoch].position(event.piece, event.frame)
-                episode = resident[(epoch, event.piece)]
-                held = episode.nbytes
-                item = episode.item(position, self.spec, tasks)
-                memory += episode.nbytes - held  # a GOP decoded, frames drawn and dropped
-                stats = self._stats
-                stats["peak_resident_memory"] = max(stats["peak_resident_memory"], memory)
-                cursor.offset += 1
-                cursor.stream_offset += 1
-                yield item
-            elif kind is Admit:
-                resident[(epoch, event.piece)] = value
-                memory += value.nbytes
-                stats = self._stats
-                stats["peak_resident_memory"] = max(stats["peak_resident_memory"], memory)
-                stats["peak_budget_bytes"] = max(stats["peak_budget_bytes"], prefetcher.peak_bytes)
-            else:
-                memory -= resident.pop((epoch, event.piece)).nbytes
+        try:
+            for (epoch, event), value in prefetcher.run(events(), classify):
+                kind = type(event)
+                if kind is Draws:
+                    if epoch != cursor.epoch:  # the stream ran on into the next epoch
+                        self._advance(cursor, parts_of, epoch)
+                    part, stats = parts_of[epoch], self._stats
+                    run = [
+                        (resident[(epoch, piece)], part.position(piece, frame))
+                        for piece, frame in zip(
+                            event.pieces.tolist(), event.frames.tolist(), strict=True
+                        )
+                    ]
+                    # A run ends before the next eviction, so every episode it draws from is
+                    # resident until it ends: decoding ahead within it never outlives a piece.
+                    ahead = 0
+                    for n, (episode, position) in enumerate(run):
+                        if decoder is not None:
+                            while ahead < len(run) and ahead <= n + self.decode_ahead:
+                                run[ahead][0].schedule(run[ahead][1], self.spec, decoder)
+                                ahead += 1
+                        held = episode.nbytes
+                        item = episode.item(position, self.spec, tasks)
+                        memory += episode.nbytes - held  # a GOP decoded, frames drawn, dropped
+                        stats["peak_resident_memory"] = max(stats["peak_resident_memory"], memory)
+                        cursor.offset += 1
+                        cursor.stream_offset += 1
+                        yield item
+                elif kind is Admit:
+                    resident[(epoch, event.piece)] = value
+                    memory += value.nbytes
+                    stats = self._stats
+                    stats["peak_resident_memory"] = max(stats["peak_resident_memory"], memory)
+                    stats["peak_budget_bytes"] = max(
+                        stats["peak_budget_bytes"], prefetcher.peak_bytes
+                    )
+                else:
+                    memory -= resident.pop((epoch, event.piece)).nbytes
+        finally:
+            if decoder is not None:
+                decoder.shutdown(wait=True, cancel_futures=True)
         self._stats["peak_budget_bytes"] = max(
             self._stats["peak_budget_bytes"], prefetcher.peak_bytes
         )
+
+    def _decode_thread_count(self) -> int:
+        if self.video_backend != "pyav" or not self.spec.video_keys:
+            return 0
+        if self.decode_threads is not None:
+            return self.decode_threads
+        info = get_worker_info()
+        processes = info.num_workers if info is not None else 1
+        return max(1, len(os.sched_getaffinity(0)) // processes)
 
     @staticmethod
     def _advance(cursor: _Cursor, parts_of: dict[int, Part], epoch: int) -> None:

@@ -93,31 +93,44 @@ class Video:
         except (av.error.FFmpegError, IndexError) as exc:
             raise DecodeError(f"{where}: video does not decode: {exc}") from exc
         _check_count(len(spans) - skip_frames, length, where)
-        self._spans = np.asarray(spans, dtype=np.int64).reshape(-1, 2)
-        if self._spans.size and (
-            self._spans.min() < 0 or (self._spans[:, 0] + self._spans[:, 1]).max() > len(data)
+        span_array = np.asarray(spans, dtype=np.int64).reshape(-1, 2)
+        if span_array.size and (
+            span_array.min() < 0 or (span_array[:, 0] + span_array[:, 1]).max() > len(data)
         ):
             raise DecodeError(f"{where}: video does not decode: packets outside the mp4's bytes")
+        # Kept as lists: the decode threads look these up per GOP, holding the GIL.
+        self._spans = span_array.tolist()
         self._pts = pts
         # Episode position of each packet (decode order): its rank in presentation order.
         rank = np.empty(len(pts), dtype=np.int64)
         rank[np.argsort(np.asarray(pts, dtype=np.int64), kind="stable")] = np.arange(len(pts))
-        self._position = rank - skip_frames
-        # Decode-order index of each position's packet, and the GOP starts (decode order).
-        self._packet_of = np.argsort(self._position, kind="stable")[skip_frames:]
+        position = rank - skip_frames
+        self._position = position.tolist()
+        # The GOP of each packet (a GOP runs from one keyframe to the next, in decode order),
+        # of each episode position, and the packet range of each GOP.
         keys[0] = True  # a cut starts at a keyframe
-        self._gop_starts = np.flatnonzero(keys)
+        gop_of_packet = np.cumsum(np.asarray(keys, dtype=np.int64)) - 1
+        packet_of = np.argsort(position, kind="stable")[skip_frames:]
+        self._gop_of = gop_of_packet[packet_of].tolist()
+        self._bounds = np.append(np.flatnonzero(keys), len(pts)).tolist()
         self._torchcodec = None
+        self._torchcodec_lock = threading.Lock()
+
+    def gop_of(self, position: int) -> int:
+        """The index of the GOP holding episode frame ``position``."""
+        if not 0 <= position < self.length:
+            raise ValueError(f"{self.where}: frame {position} outside an episode of {self.length}")
+        return self._gop_of[position]
 
     def decode_gop(self, position: int) -> dict[int, torch.Tensor]:
         """The decoded frames (uint8 ``(H, W, 3)``) of the GOP holding episode frame
-        ``position``, by episode position (the skipped leading frames left out)."""
-        if not 0 <= position < self.length:
-            raise ValueError(f"{self.where}: frame {position} outside an episode of {self.length}")
-        packet = int(self._packet_of[position])
-        g = int(np.searchsorted(self._gop_starts, packet, side="right")) - 1
-        first = int(self._gop_starts[g])
-        stop = int(self._gop_starts[g + 1]) if g + 1 < len(self._gop_starts) else len(self._pts)
+        ``position``, by episode position (the skipped leading frames left out).
+
+        Safe to call from several threads at once (each has its own codec context); the GIL is
+        released while FFmpeg decodes and converts, so threads decode in parallel.
+        """
+        g = self.gop_of(position)
+        first, stop = self._bounds[g], self._bounds[g + 1]
         if self.backend == "torchcodec":
             return self._decode_torchcodec(first, stop)
         return self._decode_pyav(first, stop)
@@ -126,11 +139,11 @@ class Video:
         import av
 
         context = _codec_context(self.codec, self.extradata)
-        wanted = {self._pts[i]: int(self._position[i]) for i in range(first, stop)}
+        wanted = {self._pts[i]: self._position[i] for i in range(first, stop)}
         decoded = []
         try:
             for i in range(first, stop):
-                offset, size = (int(v) for v in self._spans[i])
+                offset, size = self._spans[i]
                 packet = av.Packet(self.data[offset : offset + size])
                 packet.pts = packet.dts = self._pts[i]
                 decoded += context.decode(packet)
@@ -145,7 +158,7 @@ class Video:
         for frame in decoded:
             position = wanted.get(frame.pts)
             if position is not None and position >= 0:
-                rgb = reformatter.reformat(frame, format="rgb24").to_ndarray()
+                rgb = reformatter.reformat(frame, format="rgb24", threads=1).to_ndarray()
                 frames[position] = torch.from_numpy(rgb)
         if len(frames) != sum(1 for p in wanted.values() if p >= 0):
             raise DecodeError(
@@ -155,21 +168,22 @@ class Video:
         return frames
 
     def _decode_torchcodec(self, first: int, stop: int) -> dict[int, torch.Tensor]:
-        if self._torchcodec is None:
-            try:
-                self._torchcodec = _torchcodec_decoder()(
-                    bytes(self.data), dimension_order="NHWC", seek_mode="exact"
-                )
-            except (RuntimeError, ValueError) as exc:
-                raise DecodeError(f"{self.where}: video does not decode: {exc}") from exc
-        positions = sorted(int(p) for p in self._position[first:stop] if p >= 0)
+        positions = sorted(p for p in self._position[first:stop] if p >= 0)
         if not positions:
             return {}
         lo, hi = positions[0] + self.skip, positions[-1] + self.skip + 1
-        try:
-            batch = self._torchcodec.get_frames_in_range(lo, hi).data
-        except (RuntimeError, ValueError) as exc:
-            raise DecodeError(f"{self.where}: video does not decode: {exc}") from exc
+        with self._torchcodec_lock:  # one decoder per video, used by one thread at a time
+            if self._torchcodec is None:
+                try:
+                    self._torchcodec = _torchcodec_decoder()(
+                        bytes(self.data), dimension_order="NHWC", seek_mode="exact"
+                    )
+                except (RuntimeError, ValueError) as exc:
+                    raise DecodeError(f"{self.where}: video does not decode: {exc}") from exc
+            try:
+                batch = self._torchcodec.get_frames_in_range(lo, hi).data
+            except (RuntimeError, ValueError) as exc:
+                raise DecodeError(f"{self.where}: video does not decode: {exc}") from exc
         return {p: batch[p + self.skip - lo] for p in positions}
 
 

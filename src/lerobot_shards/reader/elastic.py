@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from lerobot_shards.reader.partition import Pieces, samples_per_part, split_parts
-from lerobot_shards.reader.plan import Draw, plan_part
+from lerobot_shards.reader.plan import Draws, plan_part
 
 # Entropy word of the rest split's and the rest pools' random streams: apart from the fresh
 # split's (0xFFFF_FFFF) and every fresh pool's ([seed, epoch] or [seed, epoch, part]).
@@ -150,7 +150,7 @@ class Part:
         return int(self.table.counts.sum())
 
     def position(self, piece: int, frame: int) -> int:
-        """The episode frame position of a draw ``Draw(piece, frame)`` of this part's plan."""
+        """The episode frame position of a draw (``piece``, ``frame``) of this part's plan."""
         if self.positions is None:
             return frame
         return int(self.positions[piece][frame])
@@ -414,17 +414,18 @@ class Planner:
 
 def drawn(part: Part, ordering: Ordering, k: int, planner: Planner) -> np.ndarray:
     """Frame ids of the first ``k`` draws of a part's plan (a replay of the planner)."""
-    out = np.empty(k, dtype=np.int64)
     if not k:
-        return out
-    episodes = part.table.episodes.tolist()
-    eps = np.empty(k, dtype=np.int64)
-    n = 0
+        return np.empty(0, dtype=np.int64)
+    pieces, frames, n = [], [], 0
     for event in part.plan(ordering, planner.cost):
-        if type(event) is Draw:
-            eps[n] = episodes[event.piece]
-            out[n] = part.position(event.piece, event.frame)
-            n += 1
+        if type(event) is Draws:
+            pieces.append(event.pieces[: k - n])
+            frames.append(event.frames[: k - n])
+            n += len(pieces[-1])
             if n == k:
                 break
-    return planner.ids(eps[:n], out[:n])
+    pieces, frames = np.concatenate(pieces), np.concatenate(frames)
+    if part.positions is not None:  # through the pieces' position arrays, laid end to end
+        counts = part.table.counts
+        frames = part.frames()[1][(np.cumsum(counts) - counts)[pieces] + frames]
+    return planner.ids(part.episodes[pieces], frames)

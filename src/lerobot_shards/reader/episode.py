@@ -14,6 +14,7 @@ has started and not finished, never more than the frames its rows use.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,20 +38,34 @@ class CameraFrames:
 
     ``uses[p]`` counts the draws still to come that show frame ``p`` (one per row, more with
     ``delta_timestamps``); a frame is decoded with its GOP on first use and dropped on last.
+    :meth:`schedule` starts a GOP's decoding early, on a thread pool, for a draw that is coming;
+    :meth:`take` then waits for it instead of decoding.
     """
 
     def __init__(self, video: Video, uses: np.ndarray) -> None:
         self.video = video
         self._uses = uses
         self._frames: dict[int, torch.Tensor] = {}
+        self._decoding: dict[int, Future] = {}  # GOP index -> its decoding, started ahead
         self.nbytes = 0
-        """Bytes of the decoded frames held."""
+        """Bytes of the decoded frames held (not counting GOPs still being decoded ahead)."""
+
+    def schedule(self, position: int, decoder: Executor) -> None:
+        """Start decoding the GOP holding frame ``position`` on ``decoder``, unless the frame is
+        held or its GOP is already being decoded."""
+        if position in self._frames:
+            return
+        gop = self.video.gop_of(position)
+        if gop not in self._decoding:
+            self._decoding[gop] = decoder.submit(self.video.decode_gop, position)
 
     def take(self, position: int) -> torch.Tensor:
         """Frame ``position`` (uint8 HWC), decoding its GOP if it is not held; counts one use."""
         frames = self._frames
         if position not in frames:
-            for p, frame in self.video.decode_gop(position).items():
+            started = self._decoding.pop(self.video.gop_of(position), None)
+            decoded = self.video.decode_gop(position) if started is None else started.result()
+            for p, frame in decoded.items():
                 if p == position or (self._uses[p] > 0 and p not in frames):
                     frames[p] = frame
                     self.nbytes += frame.nbytes
@@ -77,6 +92,13 @@ class Episode:
     def nbytes(self) -> int:
         """Memory held now: fetched bytes plus the decoded frames not yet drawn."""
         return self.fetched + sum(c.nbytes for c in self.cameras.values())
+
+    def schedule(self, position: int, spec: ItemSpec, decoder: Executor) -> None:
+        """Start decoding, on ``decoder``, the GOPs the item for row ``position`` will show."""
+        for key, positions in spec.video_positions(position, self.length).items():
+            camera = self.cameras[key]
+            for p in positions.tolist():
+                camera.schedule(p, decoder)
 
     def item(self, position: int, spec: ItemSpec, tasks: Sequence[str]) -> dict:
         """The item for row ``position`` of the episode, as LeRobot builds it.

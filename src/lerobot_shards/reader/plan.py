@@ -23,7 +23,7 @@ episode, rewinds the generator and draws just the targets it used again.
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import accumulate
 from typing import NamedTuple
 
@@ -44,10 +44,24 @@ class Admit(NamedTuple):
 
 
 class Draw(NamedTuple):
-    """Yield frame ``frame`` (a position within the episode) of piece ``piece``."""
+    """Yield frame ``frame`` (a position within the episode) of piece ``piece``.
+
+    :func:`plan_part` emits draws in runs (:class:`Draws`); :func:`one_by_one` splits them.
+    """
 
     piece: int
     frame: int
+
+
+class Draws(NamedTuple):
+    """Consecutive draws, in draw order: frame ``frames[i]`` of piece ``pieces[i]``.
+
+    Runs of draws as two int64 arrays cost the planner and its consumers one object per run
+    instead of one per draw (a run ends at the latest where a piece is admitted or evicted).
+    """
+
+    pieces: np.ndarray
+    frames: np.ndarray
 
 
 class Evict(NamedTuple):
@@ -56,7 +70,17 @@ class Evict(NamedTuple):
     piece: int
 
 
-Event = Admit | Draw | Evict
+Event = Admit | Draws | Evict
+
+
+def one_by_one(events: Iterable[Admit | Draws | Evict]) -> Iterator[Admit | Draw | Evict]:
+    """The events with every :class:`Draws` run split into single :class:`Draw` events."""
+    for event in events:
+        if type(event) is Draws:
+            for piece, frame in zip(event.pieces.tolist(), event.frames.tolist(), strict=True):
+                yield Draw(piece, frame)
+        else:
+            yield event
 
 
 def check_budget(
@@ -241,7 +265,7 @@ class _Pool:
     ) -> None:
         counts = pieces.counts
         self.counts = counts.tolist()
-        self.starts = pieces.starts.tolist()
+        self.starts = pieces.starts
         self.rng = rng
         self.buffer_size = buffer_size
         self.budget = byte_budget
@@ -333,12 +357,13 @@ class _Pool:
         self.arena = arena
         self.top = kept
 
-    def step(self, limit: int) -> tuple[list[int], list[int], int]:
+    def step(self, limit: int, *, record: bool = True) -> tuple[list[int], list[int], int]:
         """Make up to ``limit`` draws, stopping after the first that empties a resident.
 
         Returns the slots drawn, each draw's remaining count after it (the walk's index into
         the slot's frames) and the piece evicted by the last draw (-1 if none). The eviction's
-        bookkeeping is done; admission is not.
+        bookkeeping is done; admission is not. With ``record=False`` (skipping) the two lists
+        hold only the last draw.
 
         The targets of the whole batch come from one ``integers`` call with bounds ``R, R-1,
         ...``. Lay the residents' remaining frames end to end as tokens; each target ``t``
@@ -360,7 +385,8 @@ class _Pool:
         insert, search = removed.insert, bisect_right
         slots: list[int] = []
         lefts: list[int] = []
-        evicted = -1
+        add_slot, add_left = slots.append, lefts.append
+        made, s, left = 0, -1, -1
         for t in self.rng.integers(bounds).tolist():
             i = search(removed, t)
             p = t + i
@@ -371,16 +397,21 @@ class _Pool:
             s = search(prefix, p)
             left = rem[s] - 1
             rem[s] = left
+            if record:
+                add_slot(s)
+                add_left(left)
+            if not left:
+                break
+        made = len(removed) - 1
+        if not record:
             slots.append(s)
             lefts.append(left)
-            if not left:
-                evicted = self.piece[s]
-                break
-        made = len(slots)
         self.total -= made
-        if evicted < 0:
+        evicted = -1
+        if left:
             self.batch = min(_MAX_BATCH, 2 * self.batch)
         else:
+            evicted = self.piece[s]
             if made < k:
                 bitgen.state = saved
                 self.rng.integers(bounds[:made])
@@ -388,31 +419,32 @@ class _Pool:
             self.resident -= 1
             if self.sizes is not None:
                 self.used_bytes -= self.sizes[evicted]
-            self.last = (evicted, self.off[slots[-1]])
+            self.last = (evicted, self.off[s])
         return slots, lefts, evicted
 
-    def frames(self, slots: list[int], lefts: list[int]) -> tuple[list[int], list[int]]:
+    def draws(self, slots: list[int], lefts: list[int]) -> Draws:
         """The pieces and frames (positions within the episode) of the draws of one step."""
-        pieces = [self.piece[s] for s in slots]
+        pieces = np.array([self.piece[s] for s in slots], dtype=np.int64)
         index = np.array([self.off[s] for s in slots], dtype=np.int64)
         index += np.array(lefts, dtype=np.int64)
-        starts = np.array([self.starts[p] for p in pieces], dtype=np.int64)
-        return pieces, (self.arena[index] + starts).tolist()
+        return Draws(pieces, self.arena[index] + self.starts[pieces])
 
     def skip(self, draws: int) -> None:
         """Advance ``draws`` draws, with their evictions and admissions, emitting nothing."""
         while draws > 0 and self.total > 0:
-            slots, _, evicted = self.step(draws)
-            draws -= len(slots)
+            before = self.total
+            evicted = self.step(draws, record=False)[2]
+            draws -= before - self.total
             if evicted >= 0:
                 self.admit()
 
-    def padding(self, first: int, stop: int) -> list[int]:
-        """Frames of pad draws ``first..stop-1``: the last piece's frames again, in draw order."""
+    def padding(self, first: int, stop: int) -> Draws:
+        """Pad draws ``first..stop-1``: the last piece's frames again, in draw order."""
         piece, off = self.last
         count = self.counts[piece]
         index = np.arange(first, stop) % count
-        return (self.arena[off + count - 1 - index] + self.starts[piece]).tolist()
+        frames = self.arena[off + count - 1 - index] + self.starts[piece]
+        return Draws(np.full(len(frames), piece, dtype=np.int64), frames)
 
 
 def plan_part(
@@ -425,8 +457,8 @@ def plan_part(
     shuffle: bool = True,
     num_samples: int | None = None,
     start: int = 0,
-) -> Iterator[Admit | Draw | Evict]:
-    """The exact-coverage pool for one part, as events: Admit, Draw and Evict.
+) -> Iterator[Event]:
+    """The exact-coverage pool for one part, as events: Admit, Draws (runs of draws) and Evict.
 
     ``seed`` is the entropy for ``numpy.random.default_rng``: ``[seed, epoch]`` for a single part
     (then the draws are exactly :func:`reference_draws`), ``[seed, epoch, part]`` with several.
@@ -479,8 +511,7 @@ def _plan_shuffled(pool: _Pool, real: int, samples: int, start: int) -> Iterator
         if start >= real:  # in the padding: only the last piece is (still) resident
             piece = pool.last[0]
             yield Admit(piece)
-            for frame in pool.padding(start - real, samples - real):
-                yield Draw(piece, frame)
+            yield pool.padding(start - real, samples - real)
             yield Evict(piece)
             return
         admitted = pool.live_pieces()
@@ -488,14 +519,11 @@ def _plan_shuffled(pool: _Pool, real: int, samples: int, start: int) -> Iterator
         yield Admit(piece)
     while pool.total:
         slots, lefts, evicted = pool.step(_MAX_BATCH)
-        pieces, frames = pool.frames(slots, lefts)
-        for piece, frame in zip(pieces, frames, strict=True):
-            yield Draw(piece, frame)
+        yield pool.draws(slots, lefts)
         if evicted < 0:
             continue
-        if not pool.resident and not pool.pending:
-            for frame in pool.padding(0, samples - real):
-                yield Draw(evicted, frame)
+        if not pool.resident and not pool.pending and samples > real:
+            yield pool.padding(0, samples - real)
         yield Evict(evicted)
         for piece in pool.admit():
             yield Admit(piece)
@@ -533,13 +561,13 @@ def _plan_in_order(
         yield Admit(live_list[i])
     for i in range(at, len(live_list)):
         piece = live_list[i]
-        first = starts[piece] + (offset if i == at else 0)
-        for frame in range(first, stops[piece]):
-            yield Draw(piece, frame)
-        if i == len(live_list) - 1:
+        frames = np.arange(starts[piece] + (offset if i == at else 0), stops[piece])
+        if i == len(live_list) - 1 and samples > real:
             count = stops[piece] - starts[piece]
-            for n in range(max(start, real) - real, samples - real):
-                yield Draw(piece, starts[piece] + n % count)
+            extra = np.arange(max(start, real) - real, samples - real) % count + starts[piece]
+            frames = np.concatenate([frames, extra])
+        if len(frames):
+            yield Draws(np.full(len(frames), piece, dtype=np.int64), frames.astype(np.int64))
         yield Evict(piece)
         if sizes is not None:
             used -= int(sizes[piece])
