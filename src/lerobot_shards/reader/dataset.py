@@ -165,10 +165,11 @@ class ShardedLeRobotDataset(IterableDataset):
 
     ``decode_threads``: threads per iterating process that decode the GOPs of the next
     ``decode_ahead`` draws while items are built (FFmpeg runs without the GIL, so they use
-    several cores). Default: the usable cores shared out over the rank's DataLoader workers
-    (all of them with ``num_workers=0``, where no batch has to cross processes: on few cores
-    the fastest setting). ``0`` decodes each GOP when its first frame is drawn, in the
-    iterating thread. The torchcodec backend always decodes that way.
+    several cores). Default: the usable cores shared out over the rank's DataLoader workers,
+    none when there are no more cores than workers (all of them with ``num_workers=0``, where
+    no batch has to cross processes: on few cores the fastest setting). ``0`` decodes each GOP
+    when its first frame is drawn, in the iterating thread. The torchcodec backend always
+    decodes that way.
 
     ``len(ds)`` and ``ds.padding`` count this rank's samples per epoch over ``ds.num_workers``
     DataLoader workers (set it to the DataLoader's ``num_workers``; inside a worker it is known).
@@ -745,7 +746,10 @@ class ShardedLeRobotDataset(IterableDataset):
             return self.decode_threads
         info = get_worker_info()
         processes = info.num_workers if info is not None else 1
-        return max(1, len(os.sched_getaffinity(0)) // processes)
+        cores = len(os.sched_getaffinity(0))
+        # With a worker per core, each worker's own thread keeps its core busy: more threads
+        # would only contend for it.
+        return cores // processes if cores > processes else 0
 
     @staticmethod
     def _advance(cursor: _Cursor, parts_of: dict[int, Part], epoch: int) -> None:
