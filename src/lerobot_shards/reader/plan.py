@@ -13,18 +13,19 @@ resident order, one token per frame: the walk picks the token at index ``target`
 and removes one token of the episode it falls in. Which token is removed does not change any
 later answer, so each draw is "select the t-th surviving token and delete it". Its position in
 the batch's starting layout comes from a binary search over the few tokens the batch removed so
-far, and its resident slot from a binary search in the prefix sums of the remaining counts
-taken at the batch start: O(log k + log buffer_size) per draw, in C (``bisect``), with no
-walk over the residents. The planner does not know in advance which draw will empty an episode,
-so it draws a batch of targets speculatively, stops at the first draw that empties an
-episode, rewinds the generator and draws just the targets it used again.
+far, and its resident slot from the prefix sums of the remaining counts taken at the batch
+start: one ``searchsorted`` places every target of the batch, and a draw's position lies no
+further on than the number of tokens removed before it, so its slot is that one or rarely one
+or two after. O(log k) per draw in C (``bisect``), with no walk over the residents. The
+planner does not know in advance which draw will empty an episode, so it draws a batch of
+targets speculatively, stops at the first draw that empties an episode, rewinds the generator
+and draws just the targets it used again.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from itertools import accumulate
 from typing import NamedTuple
 
 import numpy as np
@@ -286,7 +287,10 @@ class _Pool:
         self.rem: list[int] = []
         self.resident = 0
         self.total = 0  # remaining frames over the residents
-        self.arena = np.empty(1024, dtype=np.int64)
+        # Room for the first pool twice over, so filling it does not grow the arena step by step.
+        first_pool = int(counts[order[:most]].sum()) if len(order) else 0
+        self.arena = np.empty(max(1024, 2 * first_pool), dtype=np.int64)
+        self.iota = np.arange(int(counts.max()) if len(counts) else 0, dtype=np.int64)
         self.top = 0
         self.batch = _MIN_BATCH
         self.last: tuple[int, int] | None = None  # (piece, arena offset) of the last eviction
@@ -333,7 +337,7 @@ class _Pool:
         if self.top + count > len(self.arena):
             self._pack_arena(count)
         frames = self.arena[self.top : self.top + count]
-        frames[:] = np.arange(count, dtype=np.int64)
+        frames[:] = self.iota[:count]
         self.rng.shuffle(frames)
         self.piece.append(piece)
         self.off.append(self.top)
@@ -370,9 +374,10 @@ class _Pool:
         picks the ``t``-th surviving token, whose position ``p`` in the batch's starting layout
         is ``t + #{removed <= p}``: step over the sorted removed positions from the first one
         after ``t``. A batch removes few of the tokens, so the stepping nearly always stops at
-        once, and ``p``'s slot is a binary search in the prefix sums taken at the batch start.
-        If a draw empties a slot before the batch ends, the generator is rewound and only the
-        draws made are drawn again.
+        once. ``p``'s slot, in the prefix sums taken at the batch start, is at or after ``t``'s
+        (found for the whole batch by one ``searchsorted``): step to it, rarely more than one
+        slot. If a draw empties a slot before the batch ends, the generator is rewound and only
+        the draws made are drawn again.
         """
         total = self.total
         k = min(total, limit, self.batch, max(_MIN_BATCH, total // _DENSITY))
@@ -380,21 +385,25 @@ class _Pool:
         bitgen = self.rng.bit_generator
         saved = bitgen.state
         rem = self.rem
-        prefix = list(accumulate(rem))
+        prefix_array = np.cumsum(np.fromiter(rem, np.int64, len(rem)))
+        targets = self.rng.integers(bounds)
+        slot_of_target = np.searchsorted(prefix_array, targets, side="right").tolist()
+        prefix = prefix_array.tolist()
         removed: list[int] = [_NEVER]  # a sentinel above every position ends the stepping
         insert, search = removed.insert, bisect_right
         slots: list[int] = []
         lefts: list[int] = []
         add_slot, add_left = slots.append, lefts.append
-        made, s, left = 0, -1, -1
-        for t in self.rng.integers(bounds).tolist():
+        s, left = -1, -1
+        for t, s in zip(targets.tolist(), slot_of_target, strict=True):
             i = search(removed, t)
             p = t + i
             while removed[i] <= p:
                 i += 1
                 p += 1
             insert(i, p)
-            s = search(prefix, p)
+            while prefix[s] <= p:  # p < total = prefix[-1]: this stops inside the list
+                s += 1
             left = rem[s] - 1
             rem[s] = left
             if record:
