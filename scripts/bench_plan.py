@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from lerobot_shards.format import MANIFEST_SCHEMA, read_manifest, shard_path
 from lerobot_shards.reader.partition import split_parts
-from lerobot_shards.reader.plan import Draws, iter_reference_draws, plan_part
+from lerobot_shards.reader.plan import first_draws, iter_reference_draws, plan_part
 
 
 def machine() -> str:
@@ -50,19 +50,6 @@ def synthetic_lengths(episodes: int, total: int | None = None, seed: int = 0) ->
         lengths = lengths * total // lengths.sum()
         lengths[: total - lengths.sum()] += 1
     return lengths
-
-
-def first_draws(events, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """The pieces and frames of the first ``n`` draws of a plan (its runs cut at ``n``)."""
-    pieces, frames, have = [], [], 0
-    for event in events:
-        if type(event) is Draws:
-            pieces.append(event.pieces[: n - have])
-            frames.append(event.frames[: n - have])
-            have += len(pieces[-1])
-            if have == n:
-                break
-    return np.concatenate(pieces), np.concatenate(frames)
 
 
 def bench_draws(draws: int, buffer_size: int) -> None:

@@ -14,6 +14,7 @@ from lerobot_shards.reader.plan import (
     Draws,
     Evict,
     check_budget,
+    first_draws,
     one_by_one,
     plan_part,
     reference_draws,
@@ -77,6 +78,15 @@ def test_integers_with_an_array_of_bounds_equals_scalar_calls():
     batched.shuffle(frames_a)
     single.shuffle(frames_b)
     assert frames_a.tolist() == frames_b.tolist()
+
+
+def test_first_draws_cuts_the_runs_at_n():
+    pieces = one_part({e: 7 + e % 5 for e in range(40)})
+    every = [(e.piece, e.frame) for e in planned(pieces, None, buffer_size=3, byte_budget=None,
+                                                 seed=[3, 1]) if type(e) is Draw]  # fmt: skip
+    for n in (0, 1, 5, 100, len(every), len(every) + 10):
+        got = first_draws(plan_part(pieces, None, buffer_size=3, byte_budget=None, seed=[3, 1]), n)
+        assert list(zip(got.pieces.tolist(), got.frames.tolist(), strict=True)) == every[:n]
 
 
 def test_whole_order_of_a_small_case():

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from lerobot_shards.reader.partition import Pieces, samples_per_part, split_parts
-from lerobot_shards.reader.plan import Draws, plan_part
+from lerobot_shards.reader.plan import first_draws, plan_part
 
 # Entropy word of the rest split's and the rest pools' random streams: apart from the fresh
 # split's (0xFFFF_FFFF) and every fresh pool's ([seed, epoch] or [seed, epoch, part]).
@@ -416,15 +416,7 @@ def drawn(part: Part, ordering: Ordering, k: int, planner: Planner) -> np.ndarra
     """Frame ids of the first ``k`` draws of a part's plan (a replay of the planner)."""
     if not k:
         return np.empty(0, dtype=np.int64)
-    pieces, frames, n = [], [], 0
-    for event in part.plan(ordering, planner.cost):
-        if type(event) is Draws:
-            pieces.append(event.pieces[: k - n])
-            frames.append(event.frames[: k - n])
-            n += len(pieces[-1])
-            if n == k:
-                break
-    pieces, frames = np.concatenate(pieces), np.concatenate(frames)
+    pieces, frames = first_draws(part.plan(ordering, planner.cost), k)
     if part.positions is not None:  # through the pieces' position arrays, laid end to end
         counts = part.table.counts
         frames = part.frames()[1][(np.cumsum(counts) - counts)[pieces] + frames]

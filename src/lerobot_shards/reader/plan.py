@@ -84,6 +84,21 @@ def one_by_one(events: Iterable[Admit | Draws | Evict]) -> Iterator[Admit | Draw
             yield event
 
 
+def first_draws(events: Iterable[Event], n: int) -> Draws:
+    """The first ``n`` draws of a plan's events (fewer if it has fewer), as one run."""
+    pieces, frames, have = [], [], 0
+    for event in events if n > 0 else ():
+        if type(event) is Draws:
+            pieces.append(event.pieces[: n - have])
+            frames.append(event.frames[: n - have])
+            have += len(pieces[-1])
+            if have == n:
+                break
+    if not pieces:
+        return Draws(np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64))
+    return Draws(np.concatenate(pieces), np.concatenate(frames))
+
+
 def check_budget(
     piece_bytes: Mapping[int, int] | Sequence[int] | np.ndarray,
     byte_budget: int | None,
