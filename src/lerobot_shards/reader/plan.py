@@ -74,7 +74,7 @@ class Evict(NamedTuple):
 Event = Admit | Draws | Evict
 
 
-def one_by_one(events: Iterable[Admit | Draws | Evict]) -> Iterator[Admit | Draw | Evict]:
+def one_by_one(events: Iterable[Event]) -> Iterator[Admit | Draw | Evict]:
     """The events with every :class:`Draws` run split into single :class:`Draw` events."""
     for event in events:
         if type(event) is Draws:
