@@ -746,7 +746,11 @@ class ShardedLeRobotDataset(IterableDataset):
             return self.decode_threads
         info = get_worker_info()
         processes = info.num_workers if info is not None else 1
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        cores = (
+            len(os.sched_getaffinity(0))
+            if hasattr(os, "sched_getaffinity")
+            else os.cpu_count() or 1
+        )
         # With a worker per core, each worker's own thread keeps its core busy: more threads
         # would only contend for it.
         return cores // processes if cores > processes else 0
