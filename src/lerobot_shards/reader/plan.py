@@ -376,13 +376,12 @@ class _Pool:
         self.arena = arena
         self.top = kept
 
-    def step(self, limit: int, *, record: bool = True) -> tuple[list[int], list[int], int]:
+    def step(self, limit: int) -> tuple[list[int], list[int], int]:
         """Make up to ``limit`` draws, stopping after the first that empties a resident.
 
         Returns the slots drawn, each draw's remaining count after it (the walk's index into
         the slot's frames) and the piece evicted by the last draw (-1 if none). The eviction's
-        bookkeeping is done; admission is not. With ``record=False`` (skipping) the two lists
-        hold only the last draw.
+        bookkeeping is done; admission is not.
 
         The targets of the whole batch come from one ``integers`` call with bounds ``R, R-1,
         ...``. Lay the residents' remaining frames end to end as tokens; each target ``t``
@@ -421,15 +420,11 @@ class _Pool:
                 s += 1
             left = rem[s] - 1
             rem[s] = left
-            if record:
-                add_slot(s)
-                add_left(left)
+            add_slot(s)
+            add_left(left)
             if not left:
                 break
-        made = len(removed) - 1
-        if not record:
-            slots.append(s)
-            lefts.append(left)
+        made = len(slots)
         self.total -= made
         evicted = -1
         if left:
@@ -456,9 +451,8 @@ class _Pool:
     def skip(self, draws: int) -> None:
         """Advance ``draws`` draws, with their evictions and admissions, emitting nothing."""
         while draws > 0 and self.total > 0:
-            before = self.total
-            evicted = self.step(draws, record=False)[2]
-            draws -= before - self.total
+            slots, _, evicted = self.step(draws)
+            draws -= len(slots)
             if evicted >= 0:
                 self.admit()
 
