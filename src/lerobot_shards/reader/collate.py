@@ -17,6 +17,8 @@ import numpy as np
 import torch
 from torch.utils.data import default_collate, get_worker_info
 
+from lerobot_shards.reader import transfer
+
 
 def _channels_last_view(value: object) -> bool:
     """A (..., C, H, W) tensor whose memory is laid out (..., H, W, C), as the reader's frames."""
@@ -45,9 +47,25 @@ def _stack_channels_last(frames: Sequence[torch.Tensor]) -> torch.Tensor:
 
 
 def collate(batch: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Batch reader items: camera frames channel-last in memory, the rest by default_collate."""
+    """Batch reader items: camera frames channel-last in memory, the rest as default_collate.
+
+    In a DataLoader worker the batch is written into a reused shared segment (``transfer.py``
+    says why) instead of fresh shared memory per tensor; the main process receives a plain dict.
+    """
     first = batch[0]
     frame_keys = [key for key, value in first.items() if _channels_last_view(value)]
+    pool = transfer.worker_pool() if get_worker_info() is not None else None
+    if pool is not None:
+        columns: dict[str, Any] = {}
+        for key in first:
+            values = [item[key] for item in batch]
+            if key in frame_keys:
+                values = [v.movedim(-3, -1) for v in values]
+            columns[key] = values if transfer.stackable(values) else default_collate(values)
+        frames_stack = all(type(columns[key]) is list for key in frame_keys)
+        shared = transfer.pack(columns, frame_keys, pool) if frames_stack else None
+        if shared is not None:
+            return shared
     rest = default_collate(
         [{k: v for k, v in item.items() if k not in frame_keys} for item in batch]
     )

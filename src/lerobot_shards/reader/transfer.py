@@ -1,0 +1,263 @@
+"""Batches from DataLoader workers to the main process through reused shared-memory segments.
+
+Why. torch moves a worker's batch to the main process by copying every tensor into fresh shared
+memory and passing a file descriptor per tensor over a socket. For a batch of 8 samples of two
+480x640 cameras that is 5 ms of the kernel zeroing and mapping new pages in the worker, plus the
+socket round trips and the mapping in the main process: as much CPU as decoding the frames. Here
+a worker keeps a few shared segments (``memfd``: no name, so nothing can be left behind) and
+reuses them. A batch is written into a free segment; the main process maps it through
+``/proc/<worker pid>/fd/<fd>`` and hands out the camera frames as views of it, and every other
+tensor as a copy (small), so that keeping a batch's indices does not keep its frames' segment.
+When the main process frees the last view, it marks the segment free for the worker again.
+
+A segment is reused only when both sides are done with it: byte 0 of its header is set while
+the main process may still use it (cleared there when the views are freed, or by the worker if
+the batch was never sent), byte 1 while the worker holds views of it. Each byte has one writer at
+a time, so no atomic read-modify-write is needed.
+
+Linux only (``memfd_create`` and ``/proc``). Elsewhere, or while every segment is in use (a
+training loop that keeps many batches), a batch goes torch's way, which is always correct.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import weakref
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+_HEADER = 64  # [main holds, worker holds], then padding; payload offsets are 64-byte aligned
+_ALIGN = 64
+MAX_SEGMENTS = 8
+"""Segments one worker keeps: a batch waiting in each of the DataLoader's prefetch slots, the one
+the main process is using and the one before it, with a margin."""
+
+_NUMPY_DTYPES = {
+    torch.uint8,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.float16,
+    torch.float32,
+    torch.float64,
+    torch.bool,
+}
+
+
+class _Segment:
+    """One memfd mapped read-write in the worker."""
+
+    def __init__(self, size: int) -> None:
+        self.fd = os.memfd_create("lerobot-shards-batch", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(self.fd, size)
+            self.map = mmap.mmap(self.fd, size)
+        except BaseException:
+            os.close(self.fd)
+            raise
+        self.size = size
+
+    @property
+    def free(self) -> bool:
+        return self.map[0] == 0 and self.map[1] == 0
+
+    def close(self) -> None:
+        """Unmap and close (only when free: the worker's views are gone)."""
+        self.map.close()
+        os.close(self.fd)
+
+
+class SegmentPool:
+    """A worker's shared segments, at most ``max_segments``, reused once free."""
+
+    def __init__(self, max_segments: int = MAX_SEGMENTS) -> None:
+        self.max_segments = max_segments
+        self.segments: list[_Segment] = []
+
+    def acquire(self, size: int) -> _Segment | None:
+        """A free segment of at least ``size`` bytes, marked held by both sides; None if every
+        segment is in use (the caller then sends the batch torch's way)."""
+        spare = None
+        for segment in self.segments:
+            if segment.free:
+                if segment.size >= size:
+                    segment.map[0:2] = b"\x01\x01"
+                    return segment
+                spare = segment
+        if len(self.segments) >= self.max_segments:
+            if spare is None:
+                return None
+            self.segments.remove(spare)  # free but too small (the batch shape changed)
+            spare.close()
+        segment = _Segment(size)
+        segment.map[0:2] = b"\x01\x01"
+        self.segments.append(segment)
+        return segment
+
+
+_pool: tuple[int, SegmentPool | None] | None = None  # (pid, pool) of this process
+
+
+def worker_pool() -> SegmentPool | None:
+    """This process's pool, or None where segments cannot be shared (not Linux, no memfd, no
+    ``/proc/<pid>/fd``). Keyed by pid so that a forked child never reuses its parent's."""
+    global _pool
+    pid = os.getpid()
+    if _pool is None or _pool[0] != pid:
+        _pool = (pid, _make_pool())
+    return _pool[1]
+
+
+def _make_pool() -> SegmentPool | None:
+    if not hasattr(os, "memfd_create"):
+        return None
+    try:
+        probe = _Segment(_HEADER)
+    except OSError:
+        return None
+    try:
+        os.close(os.open(f"/proc/{os.getpid()}/fd/{probe.fd}", os.O_RDWR))
+    except OSError:
+        return None
+    finally:
+        probe.close()
+    return SegmentPool()
+
+
+def _aligned(n: int) -> int:
+    return -(-n // _ALIGN) * _ALIGN
+
+
+def _shareable(value: object) -> bool:
+    return (
+        type(value) is torch.Tensor
+        and value.device.type == "cpu"
+        and value.dtype in _NUMPY_DTYPES
+        and not value.requires_grad
+    )
+
+
+class SharedBatch(dict):
+    """A collated batch whose tensors live in a shared segment (in a DataLoader worker).
+
+    In the worker it is a plain dict of tensors viewing the segment. Pickled (by the DataLoader,
+    to send it to the main process) it carries only the segment's address and layout; unpickled,
+    it is a plain ``dict``: views of the segment for the camera frames, copies for the rest.
+    """
+
+    def __init__(self, segment: _Segment, layout: list[tuple], values: dict[str, Any]) -> None:
+        super().__init__(values)
+        self._address = (os.getpid(), segment.fd, segment.size)
+        self._layout = layout
+        self._sent = [False]
+
+    def __reduce__(self):
+        self._sent[0] = True
+        shared = {entry[0] for entry in self._layout}
+        rest = {k: v for k, v in self.items() if k not in shared}
+        return _attach, (self._address, self._layout, rest, list(self))
+
+
+def pack(
+    columns: Mapping[str, Any], frame_keys: Sequence[str], pool: SegmentPool
+) -> SharedBatch | None:
+    """Stack each column that is a list of equal tensors into one shared segment.
+
+    ``columns`` maps each key to its values across the batch (a :func:`stackable` list) or to an
+    already batched value, kept as it is. ``frame_keys`` name columns of channel-last camera
+    frames: stacked as they are, returned as channel-first views (``movedim``), and handed to the
+    main process as views of the segment. None if no segment is free.
+    """
+    layout, offset = [], _HEADER
+    for key, value in columns.items():
+        first = _first(value)
+        if first is not None:
+            shape = (len(value), *first.shape)
+            dtype = str(first.dtype).removeprefix("torch.")
+            layout.append((key, offset, shape, dtype, key in frame_keys))
+            offset = _aligned(offset + int(np.prod(shape)) * first.element_size())
+    if not layout:
+        return None
+    segment = pool.acquire(offset)
+    if segment is None:
+        return None
+    buffer = memoryview(segment.map)
+    tensors = _views(torch.frombuffer(buffer, dtype=torch.uint8), layout)
+    values = dict(columns)
+    for key, _, _, _, frames in layout:
+        np.stack([v.numpy() for v in columns[key]], out=tensors[key].numpy())
+        values[key] = tensors[key].movedim(-1, -3) if frames else tensors[key]
+    batch = SharedBatch(segment, layout, values)
+    # The worker's hold ends when its last view is freed; if the batch was never sent, the main
+    # process's never starts, so that is released too.
+    weakref.finalize(buffer, _worker_release, segment.map, batch._sent)
+    return batch
+
+
+def _views(base: torch.Tensor, layout: list[tuple]) -> dict[str, torch.Tensor]:
+    views = {}
+    for key, start, shape, dtype_name, _ in layout:
+        dtype = getattr(torch, dtype_name)
+        size = int(np.prod(shape)) * torch.empty(0, dtype=dtype).element_size()
+        views[key] = base[start : start + size].view(dtype).view(shape)
+    return views
+
+
+def stackable(values: object) -> bool:
+    """A non-empty list of plain CPU tensors of one shape and numpy-compatible dtype."""
+    return _first(values) is not None
+
+
+def _first(values: object) -> torch.Tensor | None:
+    if type(values) is not list or not values:
+        return None
+    first = values[0]
+    if not _shareable(first):
+        return None
+    for v in values:
+        if not _shareable(v) or v.dtype != first.dtype or v.shape != first.shape:
+            return None
+    return first
+
+
+def _worker_release(segment_map: mmap.mmap, sent: list[bool]) -> None:
+    if segment_map.closed:
+        return
+    if not sent[0]:
+        segment_map[0] = 0
+    segment_map[1] = 0
+
+
+def _main_release(segment_map: mmap.mmap) -> None:
+    if not segment_map.closed:
+        segment_map[0] = 0
+
+
+def _attach(
+    address: tuple[int, int, int], layout: list[tuple], rest: dict[str, Any], order: list[str]
+) -> dict[str, Any]:
+    """Main process: map a worker's segment and rebuild the batch as a plain dict."""
+    pid, fd, size = address
+    try:
+        handle = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDWR)
+    except OSError as exc:
+        raise RuntimeError(
+            f"cannot map the batch that DataLoader worker (pid {pid}) shared: {exc}"
+        ) from exc
+    try:
+        segment_map = mmap.mmap(handle, size)
+    finally:
+        os.close(handle)
+    buffer = memoryview(segment_map)
+    weakref.finalize(buffer, _main_release, segment_map)
+    tensors = _views(torch.frombuffer(buffer, dtype=torch.uint8), layout)
+    del buffer  # from here on, only the frame views returned hold the segment
+    values = dict(rest)
+    for key, _, _, _, frames in layout:
+        values[key] = tensors[key].movedim(-1, -3) if frames else tensors[key].clone()
+    return {key: values[key] for key in order}

@@ -1,0 +1,163 @@
+"""reader.transfer: batches through reused shared segments, equal to default_collate's, and a
+segment reused only once both sides are done with it."""
+
+from __future__ import annotations
+
+import gc
+import pickle
+import sys
+from multiprocessing.reduction import ForkingPickler
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, default_collate
+
+from lerobot_shards import ShardedLeRobotDataset, collate
+from lerobot_shards.reader import transfer
+
+pytestmark = pytest.mark.skipif(
+    transfer.worker_pool() is None, reason="shared segments need Linux (memfd and /proc)"
+)
+
+
+def items(n: int, seed: int = 0) -> list[dict]:
+    g = torch.Generator().manual_seed(seed)
+    return [
+        {
+            "cam": torch.randint(0, 256, (3, 6, 8), dtype=torch.uint8, generator=g)
+            .permute(1, 2, 0)
+            .contiguous()
+            .permute(2, 0, 1),  # channel-first view of channel-last memory, as the reader's
+            "state": torch.randn(4, generator=g),
+            "index": torch.tensor(i + 100 * seed),
+            "pad": torch.tensor([i % 2 == 0]),
+            "task": f"task {i}",
+        }
+        for i in range(n)
+    ]
+
+
+def send(batch: dict) -> dict:
+    """What the DataLoader does: pickle in the worker, unpickle in the main process."""
+    return pickle.loads(ForkingPickler.dumps(batch))
+
+
+def packed(chunk: list[dict], pool: transfer.SegmentPool) -> transfer.SharedBatch:
+    columns = {}
+    for key in chunk[0]:
+        values = [item[key] for item in chunk]
+        if key == "cam":
+            values = [v.movedim(-3, -1) for v in values]
+        columns[key] = values if transfer.stackable(values) else default_collate(values)
+    batch = transfer.pack(columns, ["cam"], pool)
+    assert batch is not None
+    return batch
+
+
+def assert_same(ours: dict, theirs: dict) -> None:
+    assert list(ours) == list(theirs)
+    for key, value in theirs.items():
+        if isinstance(value, torch.Tensor):
+            assert type(ours[key]) is torch.Tensor, key
+            assert ours[key].dtype == value.dtype and ours[key].shape == value.shape, key
+            assert torch.equal(ours[key], value), key
+        else:
+            assert ours[key] == value, key
+
+
+def test_sent_batch_equals_default_collate_and_frames_are_views():
+    pool = transfer.SegmentPool()
+    chunk = items(5)
+    worker_side = packed(chunk, pool)
+    assert_same(worker_side, default_collate(chunk))  # a dict in the worker too
+    main_side = send(worker_side)
+    assert type(main_side) is dict
+    assert_same(main_side, default_collate(chunk))
+    assert main_side["cam"].movedim(-3, -1).is_contiguous()
+    segment = pool.segments[0]
+    del worker_side
+    gc.collect()
+    assert not segment.free  # the main process still holds the frames
+    index = main_side["index"]
+    del main_side
+    gc.collect()
+    assert segment.free  # the index is a copy: keeping it does not keep the segment
+    assert torch.equal(index, torch.arange(5))
+
+
+def test_segment_is_reused_only_when_free_and_held_batches_keep_their_values():
+    pool = transfer.SegmentPool(max_segments=2)
+    chunks = [items(4, seed) for seed in range(4)]
+    first = send(packed(chunks[0], pool))
+    second = send(packed(chunks[1], pool))
+    gc.collect()
+    assert len(pool.segments) == 2 and not any(s.free for s in pool.segments)
+    columns = {"cam": [v.movedim(-3, -1) for v in (i["cam"] for i in chunks[2])]}
+    assert transfer.pack(columns, ["cam"], pool) is None  # both held: the caller goes torch's way
+    del first
+    gc.collect()
+    third = send(packed(chunks[2], pool))  # reuses the first segment
+    assert len(pool.segments) == 2
+    assert_same(second, default_collate(chunks[1]))
+    assert_same(third, default_collate(chunks[2]))
+    del second, third
+    gc.collect()
+    assert all(s.free for s in pool.segments)
+
+
+def test_a_batch_never_sent_frees_its_segment():
+    pool = transfer.SegmentPool(max_segments=1)
+    batch = packed(items(3), pool)
+    frames = batch["cam"]
+    del batch
+    gc.collect()
+    assert not pool.segments[0].free  # the worker still holds a view
+    del frames
+    gc.collect()
+    assert pool.segments[0].free
+
+
+def test_collate_in_a_worker_when_every_segment_is_held(monkeypatch):
+    """With every segment held, collate falls back to torch's shared memory: same batch."""
+    pool = transfer.SegmentPool(max_segments=1)
+    monkeypatch.setattr(transfer, "worker_pool", lambda: pool)
+    monkeypatch.setattr(sys.modules["lerobot_shards.reader.collate"], "get_worker_info", object)
+    held = send(collate(items(2, 1)))
+    gc.collect()
+    assert not pool.segments[0].free
+    chunk = items(3, 2)
+    fallback = collate(chunk)
+    assert type(fallback) is dict
+    assert_same(send(fallback), default_collate(chunk))
+    assert_same(held, default_collate(items(2, 1)))
+
+
+@pytest.fixture(scope="module")
+def shards(golden_dir, tmp_path_factory):
+    import lerobot_shards
+
+    dest = tmp_path_factory.mktemp("transfer") / "av1_multifile"
+    lerobot_shards.convert(str(golden_dir / "av1_multifile"), str(dest), workers=0, progress=False)
+    return dest
+
+
+def test_dataloader_workers_reusing_segments_deliver_every_batch_intact(shards):
+    """Batches consumed one at a time (so segments are reused) equal default_collate's."""
+    ds = ShardedLeRobotDataset(shards, return_uint8=True, seed=4)
+    ds.num_workers = 2
+    ds.set_epoch(0)
+    expected = [
+        {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+        for batch in DataLoader(ds, batch_size=3, num_workers=2)
+    ]
+    ds.set_epoch(0)
+    loader = DataLoader(ds, batch_size=3, num_workers=2, collate_fn=collate, prefetch_factor=4)
+    count = through_segments = 0
+    for batch, theirs in zip(loader, expected, strict=True):
+        assert_same(batch, theirs)
+        count += 1
+        # torch's way leaves the frames in shared memory of the main process's own mapping.
+        cameras = [batch[key] for key in ds.meta.camera_keys]
+        through_segments += not any(c.untyped_storage().is_shared() for c in cameras)
+    assert count == len(expected) > 2 * transfer.MAX_SEGMENTS
+    assert through_segments == count
