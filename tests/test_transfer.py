@@ -161,3 +161,12 @@ def test_dataloader_workers_reusing_segments_deliver_every_batch_intact(shards):
         through_segments += not any(c.untyped_storage().is_shared() for c in cameras)
     assert count == len(expected) > 2 * transfer.MAX_SEGMENTS
     assert through_segments == count
+
+
+def test_disabled_by_the_environment(monkeypatch):
+    monkeypatch.setenv(transfer.DISABLE, "0")
+    monkeypatch.setattr(transfer, "_pool", None)
+    assert transfer.worker_pool() is None
+    monkeypatch.delenv(transfer.DISABLE)
+    monkeypatch.setattr(transfer, "_pool", None)
+    assert transfer.worker_pool() is not None

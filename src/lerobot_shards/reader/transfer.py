@@ -15,8 +15,9 @@ the main process may still use it (cleared there when the views are freed, or by
 the batch was never sent), byte 1 while the worker holds views of it. Each byte has one writer at
 a time, so no atomic read-modify-write is needed.
 
-Linux only (``memfd_create`` and ``/proc``). Elsewhere, or while every segment is in use (a
-training loop that keeps many batches), a batch goes torch's way, which is always correct.
+Linux only (``memfd_create`` and ``/proc``). Elsewhere, with ``LEROBOT_SHARDS_SHARED_BATCHES=0``
+in the environment, or while every segment is in use (a training loop that keeps many batches),
+a batch goes torch's way, which is always correct.
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ import torch
 
 _HEADER = 64  # [main holds, worker holds], then padding; payload offsets are 64-byte aligned
 _ALIGN = 64
+DISABLE = "LEROBOT_SHARDS_SHARED_BATCHES"
+"""Set to ``0`` to send batches torch's way (say, where ``/proc/<pid>/fd`` of a worker cannot be
+opened by the main process)."""
 MAX_SEGMENTS = 8
 """Segments one worker keeps: a batch waiting in each of the DataLoader's prefetch slots, the one
 the main process is using and the one before it, with a margin."""
@@ -114,7 +118,7 @@ def worker_pool() -> SegmentPool | None:
 
 
 def _make_pool() -> SegmentPool | None:
-    if not hasattr(os, "memfd_create"):
+    if not hasattr(os, "memfd_create") or os.environ.get(DISABLE) == "0":
         return None
     try:
         probe = _Segment(_HEADER)
@@ -247,7 +251,8 @@ def _attach(
         handle = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDWR)
     except OSError as exc:
         raise RuntimeError(
-            f"cannot map the batch that DataLoader worker (pid {pid}) shared: {exc}"
+            f"cannot map the batch that DataLoader worker (pid {pid}) shared: {exc}; set "
+            f"{DISABLE}=0 to send batches through torch's shared memory instead"
         ) from exc
     try:
         segment_map = mmap.mmap(handle, size)
