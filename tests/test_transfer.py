@@ -170,3 +170,21 @@ def test_disabled_by_the_environment(monkeypatch):
     monkeypatch.delenv(transfer.DISABLE)
     monkeypatch.setattr(transfer, "_pool", None)
     assert transfer.worker_pool() is not None
+
+
+def test_large_columns_are_views_and_small_ones_copies():
+    pool = transfer.SegmentPool(max_segments=1)
+    big = [torch.full((transfer.VIEW_BYTES // 4,), float(i)) for i in range(2)]
+    small = [torch.tensor([i]) for i in range(2)]
+    main_side = send(transfer.pack({"big": big, "small": small}, [], pool))
+    assert torch.equal(main_side["big"], torch.stack(big))
+    assert torch.equal(main_side["small"], torch.stack(small))
+    small_kept = main_side["small"]
+    big_kept = main_side["big"]
+    del main_side
+    gc.collect()
+    assert not pool.segments[0].free  # the big column is a view: it holds the segment
+    del big_kept
+    gc.collect()
+    assert pool.segments[0].free  # the small one was a copy
+    assert torch.equal(small_kept, torch.tensor([[0], [1]]))

@@ -6,8 +6,9 @@ memory and passing a file descriptor per tensor over a socket. For a batch of 8 
 socket round trips and the mapping in the main process: as much CPU as decoding the frames. Here
 a worker keeps a few shared segments (``memfd``: no name, so nothing can be left behind) and
 reuses them. A batch is written into a free segment; the main process maps it through
-``/proc/<worker pid>/fd/<fd>`` and hands out the camera frames as views of it, and every other
-tensor as a copy (small), so that keeping a batch's indices does not keep its frames' segment.
+``/proc/<worker pid>/fd/<fd>`` and hands out the camera frames (and any tensor of 64 KiB or
+more) as views of it, and every smaller tensor as a copy, so that keeping a batch's indices does
+not keep its frames' segment.
 When the main process frees the last view, it marks the segment free for the worker again.
 
 A segment is reused only when both sides are done with it: byte 0 of its header is set while
@@ -39,6 +40,10 @@ opened by the main process)."""
 MAX_SEGMENTS = 8
 """Segments one worker keeps: a batch waiting in each of the DataLoader's prefetch slots, the one
 the main process is using and the one before it, with a margin."""
+
+VIEW_BYTES = 1 << 16
+"""Tensors of a batch at least this large reach the main process as views of the segment,
+smaller ones as copies."""
 
 _NUMPY_DTYPES = {
     torch.uint8,
@@ -151,7 +156,8 @@ class SharedBatch(dict):
 
     In the worker it is a plain dict of tensors viewing the segment. Pickled (by the DataLoader,
     to send it to the main process) it carries only the segment's address and layout; unpickled,
-    it is a plain ``dict``: views of the segment for the camera frames, copies for the rest.
+    it is a plain ``dict``: views of the segment for the camera frames and other large tensors,
+    copies of the small ones.
     """
 
     def __init__(self, segment: _Segment, layout: list[tuple], values: dict[str, Any]) -> None:
@@ -261,8 +267,12 @@ def _attach(
     buffer = memoryview(segment_map)
     weakref.finalize(buffer, _main_release, segment_map)
     tensors = _views(torch.frombuffer(buffer, dtype=torch.uint8), layout)
-    del buffer  # from here on, only the frame views returned hold the segment
+    del buffer  # from here on, only the views returned hold the segment
     values = dict(rest)
     for key, _, _, _, frames in layout:
-        values[key] = tensors[key].movedim(-1, -3) if frames else tensors[key].clone()
+        tensor = tensors[key]
+        if frames:
+            values[key] = tensor.movedim(-1, -3)
+        else:  # small ones are copied so that keeping them does not keep the segment
+            values[key] = tensor if tensor.nbytes >= VIEW_BYTES else tensor.clone()
     return {key: values[key] for key in order}
