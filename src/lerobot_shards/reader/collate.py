@@ -31,7 +31,8 @@ def _channels_last_view(value: object) -> bool:
 
 
 def _stack_channels_last(frames: Sequence[torch.Tensor]) -> torch.Tensor:
-    first = frames[0].movedim(-3, -1)
+    """Stack channel-last (``..., H, W, C``) frames; return the batch as a channel-first view."""
+    first = frames[0]
     shape = (len(frames), *first.shape)
     if get_worker_info() is not None:  # as default_collate: the batch crosses to the main process
         storage = torch.UntypedStorage._new_shared(
@@ -42,7 +43,7 @@ def _stack_channels_last(frames: Sequence[torch.Tensor]) -> torch.Tensor:
         out = torch.empty(shape, dtype=first.dtype)
     # numpy copies on this thread; torch.stack would wake the intra-op thread pool, whose
     # spinning threads take the cores the decode threads need.
-    np.stack([f.movedim(-3, -1).numpy() for f in frames], out=out.numpy())
+    np.stack([f.numpy() for f in frames], out=out.numpy())
     return out.movedim(-1, -3)
 
 
@@ -55,24 +56,23 @@ def collate(batch: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     first = batch[0]
     frame_keys = [key for key, value in first.items() if _channels_last_view(value)]
     pool = transfer.worker_pool() if get_worker_info() is not None else None
-    if pool is not None:
-        columns: dict[str, Any] = {}
-        for key in first:
-            values = [item[key] for item in batch]
-            if key in frame_keys:
-                values = [v.movedim(-3, -1) for v in values]
-            columns[key] = values if transfer.stackable(values) else default_collate(values)
-        frames_stack = all(type(columns[key]) is list for key in frame_keys)
-        shared = transfer.pack(columns, frame_keys, pool) if frames_stack else None
+    columns: dict[str, Any] = {}
+    to_stack = set()  # columns kept as lists of tensors, for the segment
+    for key in first:
+        values = [item[key] for item in batch]
+        if key in frame_keys:
+            columns[key] = [v.movedim(-3, -1) for v in values]
+        elif pool is not None and transfer.stackable(values):
+            columns[key] = values
+            to_stack.add(key)
+        else:
+            columns[key] = default_collate(values)
+    if pool is not None and all(transfer.stackable(columns[key]) for key in frame_keys):
+        shared = transfer.pack(columns, frame_keys, pool)
         if shared is not None:
             return shared
-    rest = default_collate(
-        [{k: v for k, v in item.items() if k not in frame_keys} for item in batch]
-    )
-    out = {}
-    for key in first:
-        if key in frame_keys:
-            out[key] = _stack_channels_last([item[key] for item in batch])
-        else:
-            out[key] = rest[key]
-    return out
+    for key in frame_keys:
+        columns[key] = _stack_channels_last(columns[key])
+    for key in to_stack:  # no segment was free: torch's way
+        columns[key] = default_collate(columns[key])
+    return columns
