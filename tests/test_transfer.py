@@ -188,3 +188,27 @@ def test_large_columns_are_views_and_small_ones_copies():
     gc.collect()
     assert pool.segments[0].free  # the small one was a copy
     assert torch.equal(small_kept, torch.tensor([[0], [1]]))
+
+
+def test_stateful_dataloader_with_collate_resumes_through_segments(shards):
+    """torchdata's StatefulDataLoader sends (batch, state) from its workers: the batch still
+    arrives whole through a segment, and a resumed loader yields exactly what followed."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    def loader() -> StatefulDataLoader:
+        ds = ShardedLeRobotDataset(shards, return_uint8=True, buffer_size=3, seed=5)
+        return StatefulDataLoader(ds, batch_size=4, num_workers=2, collate_fn=collate)
+
+    full = [b["index"].tolist() for b in loader()]
+    first, taken = loader(), []
+    for batch in first:
+        cameras = [batch[key] for key in first.dataset.meta.camera_keys]
+        assert not any(c.untyped_storage().is_shared() for c in cameras)  # through a segment
+        taken.append(batch["index"].tolist())
+        if len(taken) == 5:
+            state = first.state_dict()
+            break
+    assert taken == full[:5]
+    second = loader()
+    second.load_state_dict(state)
+    assert [b["index"].tolist() for b in second] == full[5:]
