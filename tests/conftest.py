@@ -37,6 +37,30 @@ def golden_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def shards(golden_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """``shards(name)``: the golden dataset ``name`` converted once per session (read-only:
+    tests that damage shards work on a copy)."""
+    import lerobot_shards
+
+    made: dict[str, Path] = {}
+
+    def get(name: str) -> Path:
+        if name not in made:
+            dest = tmp_path_factory.mktemp("shards") / name
+            lerobot_shards.convert(str(golden_dir / name), str(dest), workers=0, progress=False)
+            made[name] = dest
+        return made[name]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def av1(shards: Callable[[str], Path]) -> Path:
+    """The golden ``av1_multifile`` dataset, converted."""
+    return shards("av1_multifile")
+
+
+@pytest.fixture(scope="session")
 def golden_delta_timestamps() -> dict[str, list[float]]:
     """The delta_timestamps the golden ``*.delta.items.npz`` were recorded with."""
     return {

@@ -3,28 +3,10 @@
 from __future__ import annotations
 
 import pytest
-import torch
+from support.batches import assert_same_batch
 from torch.utils.data import DataLoader, default_collate
 
-import lerobot_shards
 from lerobot_shards import ShardedLeRobotDataset, collate
-
-
-@pytest.fixture(scope="module")
-def av1(golden_dir, tmp_path_factory):
-    dest = tmp_path_factory.mktemp("collate") / "av1_multifile"
-    lerobot_shards.convert(str(golden_dir / "av1_multifile"), str(dest), workers=0, progress=False)
-    return dest
-
-
-def assert_same_batch(ours: dict, theirs: dict) -> None:
-    assert list(ours) == list(theirs)
-    for key, value in theirs.items():
-        if isinstance(value, torch.Tensor):
-            assert ours[key].dtype == value.dtype and ours[key].shape == value.shape, key
-            assert torch.equal(ours[key], value), key
-        else:
-            assert ours[key] == value, key
 
 
 @pytest.mark.parametrize("return_uint8", [True, False])

@@ -17,8 +17,6 @@ from pathlib import Path
 
 import pytest
 
-import lerobot_shards
-
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 SCRIPTS = Path(__file__).parent / "dist_scripts"
@@ -26,13 +24,6 @@ AV1 = "av1_multifile"
 FRAMES = 74
 RANKS = 2
 WORKERS = 2
-
-
-@pytest.fixture(scope="module")
-def av1(golden_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    dest = tmp_path_factory.mktemp("shards") / AV1
-    lerobot_shards.convert(str(golden_dir / AV1), str(dest), workers=0, progress=False)
-    return dest
 
 
 def torchrun(script: str, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:

@@ -12,18 +12,10 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-import lerobot_shards
 from lerobot_shards import ShardedLeRobotDataset
 
 AV1 = "av1_multifile"
 FRAMES = 74
-
-
-@pytest.fixture(scope="module")
-def av1(golden_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    dest = tmp_path_factory.mktemp("shards") / AV1
-    lerobot_shards.convert(str(golden_dir / AV1), str(dest), workers=0, progress=False)
-    return dest
 
 
 def dataset(root: Path, **options) -> ShardedLeRobotDataset:

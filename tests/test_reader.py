@@ -15,7 +15,6 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-import lerobot_shards
 from lerobot_shards import ShardedLeRobotDataset
 from lerobot_shards.format import (
     MANIFEST_FILE,
@@ -33,26 +32,6 @@ AV1 = "av1_multifile"
 FRAMES = 74
 EPISODE_LENGTHS = (12, 1, 30, 9, 17, 5)
 HAS_TORCHCODEC = importlib.util.find_spec("torchcodec") is not None
-
-
-@pytest.fixture(scope="session")
-def shards(golden_dir, tmp_path_factory):
-    """``shards(name)``: the golden dataset ``name`` converted once per session."""
-    made: dict[str, Path] = {}
-
-    def get(name: str) -> Path:
-        if name not in made:
-            dest = tmp_path_factory.mktemp("shards") / name
-            lerobot_shards.convert(str(golden_dir / name), str(dest), workers=0, progress=False)
-            made[name] = dest
-        return made[name]
-
-    return get
-
-
-@pytest.fixture(scope="session")
-def av1(shards) -> Path:
-    return shards(AV1)
 
 
 def indices(items) -> list[int]:

@@ -10,6 +10,7 @@ from multiprocessing.reduction import ForkingPickler
 
 import pytest
 import torch
+from support.batches import assert_same_batch
 from torch.utils.data import DataLoader, default_collate
 
 from lerobot_shards import ShardedLeRobotDataset, collate
@@ -54,25 +55,14 @@ def packed(chunk: list[dict], pool: transfer.SegmentPool) -> transfer.SharedBatc
     return batch
 
 
-def assert_same(ours: dict, theirs: dict) -> None:
-    assert list(ours) == list(theirs)
-    for key, value in theirs.items():
-        if isinstance(value, torch.Tensor):
-            assert type(ours[key]) is torch.Tensor, key
-            assert ours[key].dtype == value.dtype and ours[key].shape == value.shape, key
-            assert torch.equal(ours[key], value), key
-        else:
-            assert ours[key] == value, key
-
-
 def test_sent_batch_equals_default_collate_and_frames_are_views():
     pool = transfer.SegmentPool()
     chunk = items(5)
     worker_side = packed(chunk, pool)
-    assert_same(worker_side, default_collate(chunk))  # a dict in the worker too
+    assert_same_batch(worker_side, default_collate(chunk))  # a dict in the worker too
     main_side = send(worker_side)
     assert type(main_side) is dict
-    assert_same(main_side, default_collate(chunk))
+    assert_same_batch(main_side, default_collate(chunk))
     assert main_side["cam"].movedim(-3, -1).is_contiguous()
     segment = pool.segments[0]
     del worker_side
@@ -98,8 +88,8 @@ def test_segment_is_reused_only_when_free_and_held_batches_keep_their_values():
     gc.collect()
     third = send(packed(chunks[2], pool))  # reuses the first segment
     assert len(pool.segments) == 2
-    assert_same(second, default_collate(chunks[1]))
-    assert_same(third, default_collate(chunks[2]))
+    assert_same_batch(second, default_collate(chunks[1]))
+    assert_same_batch(third, default_collate(chunks[2]))
     del second, third
     gc.collect()
     assert all(s.free for s in pool.segments)
@@ -128,22 +118,13 @@ def test_collate_in_a_worker_when_every_segment_is_held(monkeypatch):
     chunk = items(3, 2)
     fallback = collate(chunk)
     assert type(fallback) is dict
-    assert_same(send(fallback), default_collate(chunk))
-    assert_same(held, default_collate(items(2, 1)))
+    assert_same_batch(send(fallback), default_collate(chunk))
+    assert_same_batch(held, default_collate(items(2, 1)))
 
 
-@pytest.fixture(scope="module")
-def shards(golden_dir, tmp_path_factory):
-    import lerobot_shards
-
-    dest = tmp_path_factory.mktemp("transfer") / "av1_multifile"
-    lerobot_shards.convert(str(golden_dir / "av1_multifile"), str(dest), workers=0, progress=False)
-    return dest
-
-
-def test_dataloader_workers_reusing_segments_deliver_every_batch_intact(shards):
+def test_dataloader_workers_reusing_segments_deliver_every_batch_intact(av1):
     """Batches consumed one at a time (so segments are reused) equal default_collate's."""
-    ds = ShardedLeRobotDataset(shards, return_uint8=True, seed=4)
+    ds = ShardedLeRobotDataset(av1, return_uint8=True, seed=4)
     ds.num_workers = 2
     ds.set_epoch(0)
     expected = [
@@ -154,7 +135,7 @@ def test_dataloader_workers_reusing_segments_deliver_every_batch_intact(shards):
     loader = DataLoader(ds, batch_size=3, num_workers=2, collate_fn=collate, prefetch_factor=4)
     count = through_segments = 0
     for batch, theirs in zip(loader, expected, strict=True):
-        assert_same(batch, theirs)
+        assert_same_batch(batch, theirs)
         count += 1
         # torch's way leaves the frames in shared memory of the main process's own mapping.
         cameras = [batch[key] for key in ds.meta.camera_keys]
@@ -190,13 +171,13 @@ def test_large_columns_are_views_and_small_ones_copies():
     assert torch.equal(small_kept, torch.tensor([[0], [1]]))
 
 
-def test_stateful_dataloader_with_collate_resumes_through_segments(shards):
+def test_stateful_dataloader_with_collate_resumes_through_segments(av1):
     """torchdata's StatefulDataLoader sends (batch, state) from its workers: the batch still
     arrives whole through a segment, and a resumed loader yields exactly what followed."""
     from torchdata.stateful_dataloader import StatefulDataLoader
 
     def loader() -> StatefulDataLoader:
-        ds = ShardedLeRobotDataset(shards, return_uint8=True, buffer_size=3, seed=5)
+        ds = ShardedLeRobotDataset(av1, return_uint8=True, buffer_size=3, seed=5)
         return StatefulDataLoader(ds, batch_size=4, num_workers=2, collate_fn=collate)
 
     full = [b["index"].tolist() for b in loader()]
