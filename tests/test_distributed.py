@@ -20,7 +20,6 @@ import pytest
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 SCRIPTS = Path(__file__).parent / "dist_scripts"
-AV1 = "av1_multifile"
 FRAMES = 74
 RANKS = 2
 WORKERS = 2

@@ -14,7 +14,6 @@ from torch.utils.data import DataLoader
 
 from lerobot_shards import ShardedLeRobotDataset
 
-AV1 = "av1_multifile"
 FRAMES = 74
 
 
