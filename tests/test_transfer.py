@@ -193,3 +193,24 @@ def test_stateful_dataloader_with_collate_resumes_through_segments(av1):
     second = loader()
     second.load_state_dict(state)
     assert [b["index"].tolist() for b in second] == full[5:]
+
+
+def test_a_batch_pickled_twice_frees_its_segment_once():
+    """A copy of the batch taken in the worker (copy.deepcopy pickles it) maps the segment
+    itself; the batch sent after it goes as a plain copy, so the segment is never freed while
+    the main process could still be using it."""
+    import copy
+
+    pool = transfer.SegmentPool(max_segments=1)
+    chunk = items(3)
+    batch = packed(chunk, pool)
+    duplicate = copy.deepcopy(batch)
+    main_side = send(batch)
+    assert_same_batch(duplicate, default_collate(chunk))
+    assert_same_batch(main_side, default_collate(chunk))
+    del duplicate, batch
+    gc.collect()
+    assert pool.segments[0].free  # the copy's views are gone; the sent batch holds none
+    overwriting = packed(items(3, seed=9), pool)  # the segment reused for the next batch
+    assert_same_batch(main_side, default_collate(chunk))
+    assert_same_batch(overwriting, default_collate(items(3, seed=9)))

@@ -167,10 +167,16 @@ class SharedBatch(dict):
         self._sent = [False]
 
     def __reduce__(self):
+        if self._sent[0]:  # pickled before (a copy, say): only one receiver may free the segment
+            return dict, ({k: _copy(v) for k, v in self.items()},)
         self._sent[0] = True
         shared = {entry[0] for entry in self._layout}
         rest = {k: v for k, v in self.items() if k not in shared}
         return _attach, (self._address, self._layout, rest, list(self))
+
+
+def _copy(value: Any) -> Any:
+    return value.clone() if isinstance(value, torch.Tensor) else value
 
 
 def pack(
