@@ -214,3 +214,12 @@ def test_a_batch_pickled_twice_frees_its_segment_once():
     overwriting = packed(items(3, seed=9), pool)  # the segment reused for the next batch
     assert_same_batch(main_side, default_collate(chunk))
     assert_same_batch(overwriting, default_collate(items(3, seed=9)))
+
+
+def test_a_batch_from_a_worker_that_is_gone_is_a_clear_error():
+    pool = transfer.SegmentPool(max_segments=1)
+    batch = packed(items(2), pool)
+    _, (address, *rest) = batch.__reduce__()
+    gone = (2**22 + 12345, *address[1:])  # above Linux's default pid_max: no such process
+    with pytest.raises(RuntimeError, match=r"worker \(pid 4206649\) .*has exited.*=0"):
+        transfer._attach(gone, *rest)

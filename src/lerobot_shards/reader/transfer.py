@@ -263,8 +263,9 @@ def _attach(
         handle = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDWR)
     except OSError as exc:
         raise RuntimeError(
-            f"cannot map the batch that DataLoader worker (pid {pid}) shared: {exc}; set "
-            f"{DISABLE}=0 to send batches through torch's shared memory instead"
+            f"cannot map the batch that DataLoader worker (pid {pid}) shared ({exc}): the "
+            f"worker has exited, or this process may not open /proc/{pid}/fd (then set "
+            f"{DISABLE}=0 to send batches through torch's shared memory instead)"
         ) from exc
     try:
         segment_map = mmap.mmap(handle, size)
