@@ -8,8 +8,8 @@ a worker keeps a few shared segments (``memfd``: no name, so nothing can be left
 reuses them. A batch is written into a free segment; the main process maps it through
 ``/proc/<worker pid>/fd/<fd>`` and hands out the camera frames (and any tensor of 64 KiB or
 more) as views of it, and every smaller tensor as a copy, so that keeping a batch's indices does
-not keep its frames' segment.
-When the main process frees the last view, it marks the segment free for the worker again.
+not keep its frames' segment. When the main process frees the last view, it marks the segment
+free for the worker again.
 
 A segment is reused only when both sides are done with it: byte 0 of its header is set while
 the main process may still use it (cleared there when the views are freed, or by the worker if
