@@ -223,3 +223,11 @@ def test_a_batch_from_a_worker_that_is_gone_is_a_clear_error():
     gone = (2**22 + 12345, *address[1:])  # above Linux's default pid_max: no such process
     with pytest.raises(RuntimeError, match=r"worker \(pid 4206649\) .*has exited.*=0"):
         transfer._attach(gone, *rest)
+
+
+def test_frames_of_different_shapes_are_not_packed():
+    pool = transfer.SegmentPool(max_segments=1)
+    frames = [torch.zeros(4, 6, 3, dtype=torch.uint8), torch.zeros(5, 6, 3, dtype=torch.uint8)]
+    index = [torch.tensor(0), torch.tensor(1)]
+    assert transfer.pack({"cam": frames, "index": index}, ["cam"], pool) is None
+    assert not pool.segments  # nothing was acquired

@@ -67,7 +67,7 @@ def collate(batch: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             to_stack.add(key)
         else:
             columns[key] = default_collate(values)
-    if pool is not None and all(transfer.stackable(columns[key]) for key in frame_keys):
+    if pool is not None:
         shared = transfer.pack(columns, frame_keys, pool)
         if shared is not None:
             return shared

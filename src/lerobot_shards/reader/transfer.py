@@ -187,11 +187,14 @@ def pack(
     ``columns`` maps each key to its values across the batch (a :func:`stackable` list) or to an
     already batched value, kept as it is. ``frame_keys`` name columns of channel-last camera
     frames: stacked as they are, returned as channel-first views (``movedim``), and handed to the
-    main process as views of the segment. None if no segment is free.
+    main process as views of the segment. None if no segment is free, or if a frame column is
+    not :func:`stackable` (then the caller's own stacking reports why).
     """
     layout, offset = [], _HEADER
     for key, value in columns.items():
         first = _first(value)
+        if first is None and key in frame_keys:
+            return None
         if first is not None:
             shape = (len(value), *first.shape)
             dtype = str(first.dtype).removeprefix("torch.")
