@@ -13,14 +13,17 @@ DataLoader workers (each collating on one intra-op thread), batch size and ``ret
   timed for ``--seconds`` after a few warm-up batches;
 - ceiling: every frame of the same source videos decoded in file order with PyAV and converted
   to rgb24, one process per video file on a pool of ``--workers`` processes; the best of three
-  ways to call PyAV (its defaults, a reused swscale context, one codec and one swscale thread),
-  each run twice;
+  ways to call PyAV (its defaults, a reused swscale context, one codec and one swscale thread);
 - time to first batch: constructing the dataset to its first batch through the DataLoader;
+- rounds: the ceiling and both readers are measured ``--rounds`` times, interleaved, so that
+  load from other work on a shared machine falls on both sides alike; each round's closeness
+  pairs the reader with that round's ceiling, and the targets use the median round (the
+  spread is printed beside it);
 - memory: peak memory (sum of PSS, and of RSS, over the process tree, sampled every 0.1 s) of a
   training-style loop (one optimizer step per batch) with ``byte_budget_gb=1``, in a fresh
   process.
 
-Usage: ``python scripts/bench_read.py [--cache DIR] [--workers 2] [--batch-size 8]``.
+Usage: ``python scripts/bench_read.py [--cache DIR] [--workers 2] [--batch-size 8] [--rounds 3]``.
 """
 
 from __future__ import annotations
@@ -140,17 +143,16 @@ CEILING_METHODS = ("pyav-defaults", "reused-scaler", "one-thread")
 
 
 def measure_ceiling(source: Path, workers: int) -> tuple[float, int, dict[str, float]]:
-    """(best camera frames/s, frames, best frames/s of each method) of in-order decoding of
-    every file on a pool of ``workers`` processes, each method run twice, interleaved."""
+    """(best camera frames/s, frames, frames/s of each method) of in-order decoding of
+    every file on a pool of ``workers`` processes, each method run once."""
     files = sorted(str(p) for p in (source / "videos").rglob("*.mp4"))
     rates: dict[str, float] = dict.fromkeys(CEILING_METHODS, 0.0)
     with multiprocessing.get_context("fork").Pool(max(1, workers)) as pool:
-        for _ in range(2):
-            for how in CEILING_METHODS:
-                started = time.perf_counter()
-                jobs = [(f, how) for f in files]
-                frames = sum(pool.imap_unordered(decode_file, jobs, chunksize=1))
-                rates[how] = max(rates[how], frames / (time.perf_counter() - started))
+        for how in CEILING_METHODS:
+            started = time.perf_counter()
+            jobs = [(f, how) for f in files]
+            frames = sum(pool.imap_unordered(decode_file, jobs, chunksize=1))
+            rates[how] = frames / (time.perf_counter() - started)
     return max(rates.values()), frames, rates
 
 
@@ -278,6 +280,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--buffer-size", type=int, default=64, help="reader pool (episodes)")
     parser.add_argument("--reader-epochs", type=int, default=2, help="timed epochs after warm-up")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved ceiling/reader rounds")
     parser.add_argument("--seconds", type=float, default=20.0, help="baseline timing window")
     parser.add_argument("--warmup-batches", type=int, default=8, help="baseline warm-up")
     parser.add_argument("--skip-memory", action="store_true")
@@ -312,24 +315,29 @@ def main() -> None:
         flush=True,
     )
 
-    ceiling, ceiling_frames, methods = measure_ceiling(source, args.workers)
-    print(
-        f"ceiling:  {ceiling:7.1f} camera frames/s  in-order PyAV decode to rgb24 of every frame "
-        f"({ceiling_frames} frames, {args.workers} processes), the best of: "
-        + ", ".join(f"{how} {rate:.0f}" for how, rate in methods.items()),
-        flush=True,
-    )
-    readers = {}
-    for workers in (args.workers, 0):
-        readers[workers] = measure_reader(shards, args, workers)
-        rate, rate_frames, n, secs = readers[workers]
-        where = f"{workers} DataLoader workers" if workers else "DataLoader in process"
+    # Rounds interleave the ceiling and the reader, so load from other work on the machine falls
+    # on both alike; each round's closeness pairs the reader with that round's ceiling.
+    rounds: list[dict] = []
+    for r in range(args.rounds):
+        ceiling, ceiling_frames, methods = measure_ceiling(source, args.workers)
         print(
-            f"reader:   {rate:7.1f} samples/s = {rate_frames:.1f} camera frames/s  "
-            f"(ShardedLeRobotDataset, {where}, default decode threads; {n} samples in "
-            f"{secs:.1f} s over {args.reader_epochs} whole epochs after a warm-up epoch)",
+            f"round {r + 1}: ceiling {ceiling:7.1f} camera frames/s  in-order PyAV decode to rgb24 "
+            f"of every frame ({ceiling_frames} frames, {args.workers} processes), the best of: "
+            + ", ".join(f"{how} {rate:.0f}" for how, rate in methods.items()),
             flush=True,
         )
+        readers = {}
+        for workers in (args.workers, 0):
+            readers[workers] = measure_reader(shards, args, workers)
+            rate, rate_frames, n, secs = readers[workers]
+            where = f"{workers} DataLoader workers" if workers else "DataLoader in process"
+            print(
+                f"round {r + 1}: reader  {rate:7.1f} samples/s = {rate_frames:.1f} camera frames/s "
+                f"(ShardedLeRobotDataset, {where}, default decode threads; {n} samples in "
+                f"{secs:.1f} s over {args.reader_epochs} whole epochs after a warm-up epoch)",
+                flush=True,
+            )
+        rounds.append({"ceiling": ceiling, "readers": readers})
     baseline, n, secs = measure_baseline(source, args)
     print(
         f"baseline: {baseline:7.1f} samples/s = {baseline * cameras:.1f} camera frames/s  "
@@ -345,17 +353,19 @@ def main() -> None:
         f"with buffer_size={small}  (construct to first batch, local shards)",
         flush=True,
     )
-    print("targets:")
-    for workers, (rate, rate_frames, _, _) in readers.items():
+    print(f"targets (median of {args.rounds} rounds; the rounds' spread in brackets):")
+    for workers in (args.workers, 0):
         where = f"{workers} workers" if workers else "in process"
-        ratio, closeness = rate / baseline, rate_frames / ceiling
+        rates = [r["readers"][workers][0] / baseline for r in rounds]
+        closeness = [r["readers"][workers][1] / r["ceiling"] for r in rounds]
+        ratio, close = float(np.median(rates)), float(np.median(closeness))
         print(
             f"  reader ({where}) / baseline samples/s:  {ratio:6.2f}x  target >= 3x   "
-            f"{verdict(ratio >= 3)}"
+            f"{verdict(ratio >= 3)}  [{min(rates):.2f}-{max(rates):.2f}]"
         )
         print(
-            f"  reader ({where}) frames/s / ceiling:    {closeness:6.2f}   target >= 0.7  "
-            f"{verdict(closeness >= 0.7)}"
+            f"  reader ({where}) frames/s / ceiling:    {close:6.2f}   target >= 0.7  "
+            f"{verdict(close >= 0.7)}  [{min(closeness):.2f}-{max(closeness):.2f}]"
         )
     print(
         f"  time to first batch:               {first:6.2f} s  target < 1 s   "

@@ -88,6 +88,7 @@ from lerobot_shards.format import (
     read_manifest,
 )
 from lerobot_shards.items import ItemSpec, delta_indices
+from lerobot_shards.reader.allocator import tune_worker_malloc
 from lerobot_shards.reader.decode import check_backend
 from lerobot_shards.reader.elastic import (
     Checkpoint,
@@ -599,6 +600,8 @@ class ShardedLeRobotDataset(IterableDataset):
     # ------------------------------------------------------------------ iteration
 
     def __iter__(self) -> Iterator[dict]:
+        if get_worker_info() is not None:
+            tune_worker_malloc()  # allocator.py says why
         epoch, offset = self._next
         origin = self._next_origin
         self._next = (epoch + 1, 0)
