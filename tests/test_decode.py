@@ -118,8 +118,8 @@ class CountingVideo(Video):
         super().__init__(*args, **kwargs)
         self.decoded: list[list[int]] = []
 
-    def decode_gop(self, position: int) -> dict[int, torch.Tensor]:
-        gop = super().decode_gop(position)
+    def decode_gop(self, position: int, rgb: bool = True) -> dict:
+        gop = super().decode_gop(position, rgb)
         self.decoded.append(sorted(gop))
         return gop
 
@@ -135,6 +135,24 @@ def test_camera_frames_decode_each_gop_once_and_drop_drawn_frames(mp4, reference
     assert sorted(map(tuple, video.decoded)) == [(2 * k, 2 * k + 1) for k in range(6)] + [(12,)]
     assert frames.nbytes == 0  # everything drawn: nothing held
     assert max(held) <= 13 * reference[0].nbytes and max(held) > 0
+
+
+def test_camera_frames_written_into_slots_equal_pyav_s(mp4, reference):
+    """Draws written into a slot leave their GOP's other frames unconverted; whichever way a
+    frame is drawn later, it has PyAV's pixels, and each GOP is decoded once."""
+    video = CountingVideo(mp4, length=13)
+    frames = CameraFrames(video, np.ones(13, dtype=np.int64))
+    order = np.random.default_rng(2).permutation(13)
+    for i, p in enumerate(order.tolist()):
+        if i % 3 == 2:
+            got = frames.take(p)
+        else:
+            slot = torch.empty_like(reference[p])
+            assert frames.take(p, slot) is slot
+            got = slot
+        assert torch.equal(got, reference[p]), p
+    assert sorted(map(tuple, video.decoded)) == [(2 * k, 2 * k + 1) for k in range(6)] + [(12,)]
+    assert frames.nbytes == 0
 
 
 def test_camera_frames_keep_a_frame_for_each_use(mp4, reference):

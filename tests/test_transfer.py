@@ -231,3 +231,53 @@ def test_frames_of_different_shapes_are_not_packed():
     index = [torch.tensor(0), torch.tensor(1)]
     assert transfer.pack({"cam": frames, "index": index}, ["cam"], pool) is None
     assert not pool.segments  # nothing was acquired
+
+
+def in_slots(chunk: list[dict], pool: transfer.SegmentPool, order: list[int]) -> list[dict]:
+    """What the reader does in a worker: each item's frame written into the slot the arena
+    gives its row (``order[row]`` is the item written there), the item holding a view of it."""
+    placed = [dict(item) for item in chunk]
+    for row in range(len(chunk)):
+        slots = pool.arena.slots()
+        assert slots is not None and slots["cam"].shape == (1, 6, 8, 3)
+        slots["cam"][0].copy_(chunk[order[row]]["cam"].movedim(-3, -1))
+        placed[order[row]]["cam"] = slots["cam"].permute(0, 3, 1, 2).squeeze(0)
+    return placed
+
+
+def test_frames_written_into_their_slots_are_not_copied():
+    pool = transfer.SegmentPool()
+    assert pool.arena.slots() is None  # nothing to lay out before a first batch
+    packed(items(4, 0), pool)  # the arena learns the batch's layout from it
+    chunk = items(4, 1)
+    placed = in_slots(chunk, pool, order=[0, 1, 2, 3])
+    slot_memory = [item["cam"].data_ptr() for item in placed]
+    batch = packed(placed, pool)
+    assert [batch["cam"][i].data_ptr() for i in range(4)] == slot_memory  # no copy
+    assert_same_batch(send(batch), default_collate(chunk))
+    assert pool.arena.slots() is not None  # offered again for the next batch
+
+
+def test_frames_out_of_their_slots_are_copied_and_the_camera_declined():
+    pool = transfer.SegmentPool()
+    packed(items(4, 0), pool)
+    chunk = items(4, 1)
+    placed = in_slots(chunk, pool, order=[1, 0, 2, 3])  # say, a wrapper reordering items
+    batch = packed(placed, pool)
+    assert batch["cam"].data_ptr() not in {item["cam"].data_ptr() for item in placed}
+    assert_same_batch(send(batch), default_collate(chunk))
+    pool.arena.slots()
+    assert pool.arena.slots() is None  # not offered again: its items do not keep them
+
+
+def test_a_short_batch_is_copied_and_slots_are_offered_again():
+    pool = transfer.SegmentPool()
+    packed(items(4, 0), pool)
+    chunk = items(3, 1)  # the epoch's last batch
+    placed = in_slots(chunk, pool, order=[0, 1, 2])
+    batch = packed(placed, pool)
+    assert_same_batch(send(batch), default_collate(chunk))
+    del batch, placed
+    gc.collect()
+    packed(items(4, 2), pool)  # a full batch again
+    assert in_slots(items(4, 3), pool, order=[0, 1, 2, 3]) is not None

@@ -88,6 +88,7 @@ from lerobot_shards.format import (
     read_manifest,
 )
 from lerobot_shards.items import ItemSpec, delta_indices
+from lerobot_shards.reader import transfer
 from lerobot_shards.reader.allocator import tune_worker_malloc
 from lerobot_shards.reader.decode import check_backend
 from lerobot_shards.reader.elastic import (
@@ -694,6 +695,7 @@ class ShardedLeRobotDataset(IterableDataset):
         )
         threads = self._decode_thread_count()
         decoder = ThreadPoolExecutor(threads, "lerobot-shards-decode") if threads else None
+        arena = self._arena()
         resident: dict[tuple[int, int], Episode] = {}
         memory = 0
         tasks = self.meta.tasks
@@ -719,7 +721,8 @@ class ShardedLeRobotDataset(IterableDataset):
                                 run[ahead][0].schedule(run[ahead][1], self.spec, decoder)
                                 ahead += 1
                         held = episode.nbytes
-                        item = episode.item(position, self.spec, tasks)
+                        slots = arena.slots() if arena is not None else None
+                        item = episode.item(position, self.spec, tasks, slots)
                         memory += episode.nbytes - held  # a GOP decoded, frames drawn, dropped
                         stats["peak_resident_memory"] = max(stats["peak_resident_memory"], memory)
                         cursor.offset += 1
@@ -741,6 +744,14 @@ class ShardedLeRobotDataset(IterableDataset):
         self._stats["peak_budget_bytes"] = max(
             self._stats["peak_budget_bytes"], prefetcher.peak_bytes
         )
+
+    def _arena(self) -> transfer.BatchArena | None:
+        """In a DataLoader worker that can share segments: the batch slots ``collate`` lays out
+        (``transfer.BatchArena``), which decoded frames are written into."""
+        if get_worker_info() is None or self.video_backend != "pyav":
+            return None
+        pool = transfer.worker_pool()
+        return pool.arena if pool is not None else None
 
     def _decode_thread_count(self) -> int:
         if self.video_backend != "pyav" or not self.spec.video_keys:

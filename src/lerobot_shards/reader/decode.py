@@ -17,8 +17,9 @@ threads and the DataLoader workers, and codec threads on top of them oversubscri
 codec context is reused between GOPs (``flush_buffers`` resets it; a new one per GOP costs more
 than a small GOP's decode), one per thread and stream configuration.
 
-Pixel values: each frame is converted to rgb24 with swscale's defaults, which is what LeRobot's
-pyav backend returns, bit for bit. Frames stay channel-last as swscale writes them; a
+Pixel values: each frame is converted to rgb24 with swscale's defaults (``rgb24.py``), which is
+what LeRobot's pyav backend returns, bit for bit; the caller may take the decoded frames as they
+are and convert each where it is wanted. Frames stay channel-last as swscale writes them; a
 channel-first copy would cost a third of the decode, and ``permute`` views serve instead.
 
 A GOP is the packets from one keyframe to the next in decode order; this assumes closed GOPs
@@ -30,11 +31,13 @@ from __future__ import annotations
 import io
 import threading
 from collections import OrderedDict
+from typing import Any
 
 import numpy as np
 import torch
 
 from lerobot_shards.format import FormatError
+from lerobot_shards.reader.rgb24 import to_rgb24
 
 BACKENDS = ("pyav", "torchcodec")
 
@@ -122,9 +125,11 @@ class Video:
             raise ValueError(f"{self.where}: frame {position} outside an episode of {self.length}")
         return self._gop_of[position]
 
-    def decode_gop(self, position: int) -> dict[int, torch.Tensor]:
-        """The decoded frames (uint8 ``(H, W, 3)``) of the GOP holding episode frame
-        ``position``, by episode position (the skipped leading frames left out).
+    def decode_gop(self, position: int, rgb: bool = True) -> dict[int, Any]:
+        """The decoded frames of the GOP holding episode frame ``position``, by episode position
+        (the skipped leading frames left out): uint8 ``(H, W, 3)`` tensors, or with
+        ``rgb=False`` and the pyav backend, PyAV's frames as decoded, for ``rgb24.py`` to
+        write where they are wanted.
 
         Safe to call from several threads at once (each has its own codec context); the GIL is
         released while FFmpeg decodes and converts, so threads decode in parallel.
@@ -133,9 +138,9 @@ class Video:
         first, stop = self._bounds[g], self._bounds[g + 1]
         if self.backend == "torchcodec":
             return self._decode_torchcodec(first, stop)
-        return self._decode_pyav(first, stop)
+        return self._decode_pyav(first, stop, rgb)
 
-    def _decode_pyav(self, first: int, stop: int) -> dict[int, torch.Tensor]:
+    def _decode_pyav(self, first: int, stop: int, rgb: bool) -> dict[int, Any]:
         import av
 
         context = _codec_context(self.codec, self.extradata)
@@ -153,13 +158,11 @@ class Video:
             raise DecodeError(f"{self.where}: video does not decode: {exc}") from exc
         finally:
             context.flush_buffers()
-        reformatter = _reformatter()
         frames = {}
         for frame in decoded:
             position = wanted.get(frame.pts)
             if position is not None and position >= 0:
-                rgb = reformatter.reformat(frame, format="rgb24", threads=1).to_ndarray()
-                frames[position] = torch.from_numpy(rgb)
+                frames[position] = to_rgb24(frame) if rgb else frame
         if len(frames) != sum(1 for p in wanted.values() if p >= 0):
             raise DecodeError(
                 f"{self.where}: decoding packets {first}..{stop - 1} from their keyframe gave "
@@ -210,17 +213,6 @@ def _codec_context(codec: str, extradata: bytes):
             contexts.popitem(last=False)
     contexts.move_to_end(key)
     return context
-
-
-def _reformatter():
-    """This thread's rgb24 converter: ``frame.to_ndarray(format=...)`` builds a new swscale
-    context per frame, which costs more than the conversion for small frames (same pixels)."""
-    reformatter = getattr(_local, "reformatter", None)
-    if reformatter is None:
-        from av.video.reformatter import VideoReformatter
-
-        reformatter = _local.reformatter = VideoReformatter()
-    return reformatter
 
 
 def _torchcodec_decoder():

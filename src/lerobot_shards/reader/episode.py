@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -31,6 +32,7 @@ from lerobot_shards.format import (
 )
 from lerobot_shards.items import EpisodeColumns, ItemSpec
 from lerobot_shards.reader.decode import Video
+from lerobot_shards.reader.rgb24 import to_rgb24, write_rgb24
 
 
 class CameraFrames:
@@ -39,16 +41,19 @@ class CameraFrames:
     ``uses[p]`` counts the draws still to come that show frame ``p`` (one per row, more with
     ``delta_timestamps``); a frame is decoded with its GOP on first use and dropped on last.
     :meth:`schedule` starts a GOP's decoding early, on a thread pool, for a draw that is coming;
-    :meth:`take` then waits for it instead of decoding.
+    :meth:`take` then waits for it instead of decoding. A frame is held as an rgb24 tensor, or,
+    when its GOP was decoded for a draw written into a batch slot, as PyAV's decoded frame, to be
+    converted where it is drawn (``rgb24.py``).
     """
 
     def __init__(self, video: Video, uses: np.ndarray) -> None:
         self.video = video
         self._uses = uses
-        self._frames: dict[int, torch.Tensor] = {}
+        self._frames: dict[int, Any] = {}
         self._decoding: dict[int, Future] = {}  # GOP index -> its decoding, started ahead
         self.nbytes = 0
-        """Bytes of the decoded frames held (not counting GOPs still being decoded ahead)."""
+        """Bytes of the decoded frames held, each counted as rgb24 (not counting GOPs still
+        being decoded ahead)."""
 
     def schedule(self, position: int, decoder: Executor) -> None:
         """Start decoding the GOP holding frame ``position`` on ``decoder``, unless the frame is
@@ -59,22 +64,40 @@ class CameraFrames:
         if gop not in self._decoding:
             self._decoding[gop] = decoder.submit(self.video.decode_gop, position)
 
-    def take(self, position: int) -> torch.Tensor:
-        """Frame ``position`` (uint8 HWC), decoding its GOP if it is not held; counts one use."""
+    def take(self, position: int, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Frame ``position`` (uint8 HWC), decoding its GOP if it is not held; counts one use.
+
+        With ``out`` (a uint8 HWC tensor, such as a batch slot), the frame is written there and
+        ``out`` returned: a GOP decoded for it keeps its frames unconverted until drawn.
+        """
         frames = self._frames
         if position not in frames:
             started = self._decoding.pop(self.video.gop_of(position), None)
-            decoded = self.video.decode_gop(position) if started is None else started.result()
+            if started is None:
+                decoded = self.video.decode_gop(position, rgb=out is None)
+            else:
+                decoded = started.result()
             for p, frame in decoded.items():
                 if p == position or (self._uses[p] > 0 and p not in frames):
                     frames[p] = frame
-                    self.nbytes += frame.nbytes
+                    self.nbytes += self._bytes(frame)
         frame = frames[position]
         self._uses[position] -= 1
         if self._uses[position] <= 0:
             del frames[position]
-            self.nbytes -= frame.nbytes
-        return frame
+            self.nbytes -= self._bytes(frame)
+        if out is None:
+            return frame if isinstance(frame, torch.Tensor) else to_rgb24(frame)
+        if isinstance(frame, torch.Tensor):
+            out.copy_(frame)
+        else:
+            write_rgb24(frame, out)
+        return out
+
+    def _bytes(self, frame: Any) -> int:
+        if isinstance(frame, torch.Tensor):
+            return frame.nbytes
+        return frame.width * frame.height * 3
 
 
 @dataclass
@@ -100,16 +123,29 @@ class Episode:
             for p in positions.tolist():
                 camera.schedule(p, decoder)
 
-    def item(self, position: int, spec: ItemSpec, tasks: Sequence[str]) -> dict:
+    def item(
+        self,
+        position: int,
+        spec: ItemSpec,
+        tasks: Sequence[str],
+        slots: Mapping[str, torch.Tensor] | None = None,
+    ) -> dict:
         """The item for row ``position`` of the episode, as LeRobot builds it.
 
         Camera frames are ``permute`` views of the decoded HWC frames (NCHW, as items take them):
-        the DataLoader's collate makes the one copy.
+        the DataLoader's collate makes the one copy. ``slots[key]``, where given (a uint8
+        ``(T, H, W, 3)`` batch slot, ``transfer.BatchArena``), receives camera ``key``'s frames
+        instead, and the item's frames are views of it, which collate need not copy.
         """
         frames = {}
         for key, positions in spec.video_positions(position, self.length).items():
             camera = self.cameras[key]
-            if len(positions) == 1:
+            slot = slots.get(key) if slots is not None else None
+            if slot is not None and slot.shape[0] == len(positions):
+                for t, p in enumerate(positions.tolist()):
+                    camera.take(p, slot[t])
+                frames[key] = slot.permute(0, 3, 1, 2)
+            elif len(positions) == 1:
                 frames[key] = camera.take(int(positions[0])).permute(2, 0, 1).unsqueeze(0)
             else:
                 stack = torch.stack([camera.take(int(p)) for p in positions])

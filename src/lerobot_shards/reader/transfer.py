@@ -87,6 +87,7 @@ class SegmentPool:
     def __init__(self, max_segments: int = MAX_SEGMENTS) -> None:
         self.max_segments = max_segments
         self.segments: list[_Segment] = []
+        self.arena = BatchArena(self)
 
     def acquire(self, size: int) -> _Segment | None:
         """A free segment of at least ``size`` bytes, marked held by both sides; None if every
@@ -160,11 +161,11 @@ class SharedBatch(dict):
     copies of the small ones.
     """
 
-    def __init__(self, segment: _Segment, layout: list[tuple], values: dict[str, Any]) -> None:
+    def __init__(self, lease: _Lease, values: dict[str, Any]) -> None:
         super().__init__(values)
-        self._address = (os.getpid(), segment.fd, segment.size)
-        self._layout = layout
-        self._sent = [False]
+        self._address = (os.getpid(), lease.segment.fd, lease.segment.size)
+        self._layout = lease.layout
+        self._sent = lease.sent
 
     def __reduce__(self):
         if self._sent[0]:  # pickled before (a copy, say): only one receiver may free the segment
@@ -179,6 +180,92 @@ def _copy(value: Any) -> Any:
     return value.clone() if isinstance(value, torch.Tensor) else value
 
 
+class _Lease:
+    """A segment acquired for one batch, with views of it laid out as ``layout`` says.
+
+    The worker's hold (and the main process's, if the batch is never sent) ends when the last
+    view of the segment is freed.
+    """
+
+    def __init__(self, segment: _Segment, layout: list[tuple]) -> None:
+        self.segment = segment
+        self.layout = layout
+        self.sent = [False]
+        buffer = memoryview(segment.map)
+        self.tensors = _views(torch.frombuffer(buffer, dtype=torch.uint8), layout)
+        weakref.finalize(buffer, _worker_release, segment.map, self.sent)
+
+    @classmethod
+    def acquire(cls, pool: SegmentPool, layout: list[tuple], size: int) -> _Lease | None:
+        segment = pool.acquire(size)
+        return None if segment is None else cls(segment, layout)
+
+
+class BatchArena:
+    """Batch slots for the camera frames a DataLoader worker's dataset is about to yield.
+
+    Why. Copying each decoded frame into the batch segment costs as much as a tenth of decoding
+    it. The DataLoader's fetcher takes a worker's items in order, ``batch_size`` at a time, and
+    then calls ``collate``; so the ``p``-th item yielded since the last collate lands at row
+    ``p`` of the next batch. Once :func:`pack` has seen one batch (its layout and length), the
+    dataset asks :meth:`slots` for each item's frame destinations, row ``p`` of a segment
+    acquired for the coming batch, and the decoder writes the frames there; :func:`pack` then
+    finds them in place and copies only the other columns.
+
+    Nothing here is trusted: :func:`pack` uses the slots only if every frame of the batch is
+    exactly its row's slot, and otherwise copies into another segment (a segment whose views are
+    held is never reused). A camera whose items did not keep their slots (a transform, float
+    frames) is not offered slots again.
+    """
+
+    def __init__(self, pool: SegmentPool) -> None:
+        self._pool = pool
+        self._layout: list[tuple] | None = None
+        self._size = 0
+        self._rows = 0
+        self._keys: tuple[str, ...] = ()
+        self._declined: set[str] = set()
+        self._handed = 0  # items given slots since the last collate
+        self._lease: _Lease | None = None
+
+    def slots(self) -> dict[str, torch.Tensor] | None:
+        """The next item's frame slots (uint8 ``(T, H, W, 3)`` by camera), or None: before the
+        first batch, past the batch's length, or while no segment is free."""
+        row = self._handed
+        self._handed += 1
+        if self._layout is None or not self._keys or row >= self._rows:
+            return None
+        if row == 0:
+            self._lease = _Lease.acquire(self._pool, self._layout, self._size)
+        if self._lease is None:
+            return None
+        slots = {}
+        for key in self._keys:
+            slot = self._lease.tensors[key][row]
+            slots[key] = slot if slot.dim() == 4 else slot.unsqueeze(0)  # one frame: CHW items
+        return slots
+
+    def end_batch(self) -> tuple[_Lease | None, tuple[str, ...]]:
+        """Called by collate: the segment the batch's slots are in (None if none were given),
+        and the cameras given slots; the next item starts a new batch."""
+        lease, self._lease, self._handed = self._lease, None, 0
+        return lease, self._keys
+
+    def learn(
+        self, layout: list[tuple], size: int, rows: int, declined: Sequence[str] = ()
+    ) -> None:
+        """Lay out the coming batches as this one: ``layout`` and ``size`` as :func:`pack`
+        computed them, ``rows`` items; offer slots for its uint8 frame columns, except those
+        ``declined`` now or before."""
+        self._declined.update(declined)
+        self._layout, self._size, self._rows = layout, size, rows
+        self._keys = tuple(
+            key
+            for key, _, _, dtype, frames in layout
+            if frames and dtype == "uint8" and key not in self._declined
+        )
+
+
 def pack(
     columns: Mapping[str, Any], frame_keys: Sequence[str], pool: SegmentPool
 ) -> SharedBatch | None:
@@ -187,10 +274,13 @@ def pack(
     ``columns`` maps each key to its values across the batch (a :func:`stackable` list) or to an
     already batched value, kept as it is. ``frame_keys`` name columns of channel-last camera
     frames: stacked as they are, returned as channel-first views (``movedim``), and handed to the
-    main process as views of the segment. None if no segment is free, or if a frame column is
-    not :func:`stackable` (then the caller's own stacking reports why).
+    main process as views of the segment. Frames already in their rows of the segment the
+    pool's :class:`BatchArena` gave out are not copied. None if no segment is free, or if a frame
+    column is not :func:`stackable` (then the caller's own stacking reports why).
     """
+    lease, offered = pool.arena.end_batch()
     layout, offset = [], _HEADER
+    rows = 0
     for key, value in columns.items():
         first = _first(value)
         if first is None and key in frame_keys:
@@ -200,22 +290,35 @@ def pack(
             dtype = str(first.dtype).removeprefix("torch.")
             layout.append((key, offset, shape, dtype, key in frame_keys))
             offset = _aligned(offset + int(np.prod(shape)) * first.element_size())
+            rows = len(value)
     if not layout:
         return None
-    segment = pool.acquire(offset)
-    if segment is None:
-        return None
-    buffer = memoryview(segment.map)
-    tensors = _views(torch.frombuffer(buffer, dtype=torch.uint8), layout)
+    in_place: set[str] = set()
+    declined: list[str] = []
+    if lease is not None and lease.layout == layout:  # a batch of the slots' shape
+        in_place = {key for key in offered if _in_slots(columns[key], lease.tensors[key])}
+        declined = [key for key in offered if key not in in_place]
+    pool.arena.learn(layout, offset, rows, declined)
+    if declined or not in_place:
+        lease = _Lease.acquire(pool, layout, offset)  # frames out of place: copy them all
+        in_place = set()
+        if lease is None:
+            return None
     values = dict(columns)
     for key, _, _, _, frames in layout:
-        np.stack([v.numpy() for v in columns[key]], out=tensors[key].numpy())
-        values[key] = tensors[key].movedim(-1, -3) if frames else tensors[key]
-    batch = SharedBatch(segment, layout, values)
-    # The worker's hold ends when its last view is freed; if the batch was never sent, the main
-    # process's never starts, so that is released too.
-    weakref.finalize(buffer, _worker_release, segment.map, batch._sent)
-    return batch
+        tensor = lease.tensors[key]
+        if key not in in_place:
+            np.stack([v.numpy() for v in columns[key]], out=tensor.numpy())
+        values[key] = tensor.movedim(-1, -3) if frames else tensor
+    return SharedBatch(lease, values)
+
+
+def _in_slots(values: Sequence[torch.Tensor], slots: torch.Tensor) -> bool:
+    """Whether each of ``values`` is exactly its row of ``slots`` (same memory and shape)."""
+    return len(values) == len(slots) and all(
+        v.data_ptr() == s.data_ptr() and v.shape == s.shape and v.is_contiguous()
+        for v, s in zip(values, slots, strict=True)
+    )
 
 
 def _views(base: torch.Tensor, layout: list[tuple]) -> dict[str, torch.Tensor]:
