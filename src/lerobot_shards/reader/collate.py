@@ -51,7 +51,9 @@ def collate(batch: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Batch reader items: camera frames channel-last in memory, the rest as default_collate.
 
     In a DataLoader worker the batch is written into a reused shared segment (``transfer.py``
-    says why) instead of fresh shared memory per tensor; the main process receives a plain dict.
+    says why) instead of fresh shared memory per tensor; camera frames the reader already
+    decoded into their rows of it (``transfer.BatchArena``) are not copied again. The main
+    process receives a plain dict.
     """
     first = batch[0]
     frame_keys = [key for key, value in first.items() if _channels_last_view(value)]
