@@ -281,3 +281,30 @@ def test_a_short_batch_is_copied_and_slots_are_offered_again():
     gc.collect()
     packed(items(4, 2), pool)  # a full batch again
     assert in_slots(items(4, 3), pool, order=[0, 1, 2, 3]) is not None
+
+
+def _flip(frames: torch.Tensor) -> torch.Tensor:
+    return frames.flip(-1)  # a new tensor, as image transforms return
+
+
+@pytest.mark.parametrize("options", ["delta_timestamps", "image_transforms", "float"])
+def test_items_written_into_slots_or_not_batch_as_default_collate(
+    av1, golden_delta_timestamps, options
+):
+    """Several frames per camera (frames shown by several items), transformed frames and float
+    frames, through 2 workers with collate: the same batches as default_collate's."""
+    kwargs = {
+        "delta_timestamps": {"delta_timestamps": golden_delta_timestamps, "return_uint8": True},
+        "image_transforms": {"image_transforms": _flip, "return_uint8": True},
+        "float": {"return_uint8": False},
+    }[options]
+    ds = ShardedLeRobotDataset(av1, seed=2, **kwargs)
+    ds.num_workers = 2
+    ds.set_epoch(0)
+    expected = list(DataLoader(ds, batch_size=4, num_workers=2))
+    ds.set_epoch(0)
+    loader = DataLoader(ds, batch_size=4, num_workers=2, collate_fn=collate)
+    got = list(loader)
+    assert len(got) == len(expected) > 4
+    for ours, theirs in zip(got, expected, strict=True):
+        assert_same_batch(ours, theirs)
