@@ -155,6 +155,19 @@ def test_camera_frames_written_into_slots_equal_pyav_s(mp4, reference):
     assert frames.nbytes == 0
 
 
+def test_an_unconverted_frame_drawn_several_times_is_converted_once(mp4, reference):
+    uses = np.ones(13, dtype=np.int64)
+    uses[1] = 3
+    video = CountingVideo(mp4, length=13)
+    frames = CameraFrames(video, uses)
+    frames.take(0, torch.empty_like(reference[0]))  # its GOP mate, frame 1, stays unconverted
+    first, second = frames.take(1), frames.take(1)
+    assert second is first and torch.equal(first, reference[1])
+    slot = torch.empty_like(reference[1])
+    assert torch.equal(frames.take(1, slot), reference[1])
+    assert video.decoded == [[0, 1]] and frames.nbytes == 0
+
+
 def test_camera_frames_keep_a_frame_for_each_use(mp4, reference):
     # Frame 3 shown by three draws (delta_timestamps neighbours), frame 2 by none.
     uses = np.array([1, 1, 0, 3] + [0] * 9)

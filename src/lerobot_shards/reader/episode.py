@@ -87,9 +87,14 @@ class CameraFrames:
             del frames[position]
             self.nbytes -= self._bytes(frame)
         if out is None:
-            return frame if isinstance(frame, torch.Tensor) else to_rgb24(frame)
+            if not isinstance(frame, torch.Tensor):
+                frame = to_rgb24(frame)
+                if position in frames:  # drawn again later: convert once
+                    frames[position] = frame
+            return frame
         if isinstance(frame, torch.Tensor):
-            out.copy_(frame)
+            # numpy copies on this thread; torch would wake its intra-op pool (see collate.py)
+            np.copyto(out.numpy(), frame.numpy())
         else:
             write_rgb24(frame, out)
         return out

@@ -59,8 +59,8 @@ def write_rgb24(frame: Any, out: torch.Tensor) -> None:
         direct = _verdicts[kind] = _check(frame)
     if direct:
         _scale(frame, out.data_ptr())
-    else:
-        out.copy_(to_rgb24(frame))
+    else:  # numpy copies on this thread; torch would wake its intra-op pool
+        np.copyto(out.numpy(), to_rgb24(frame).numpy())
 
 
 def _check(frame: Any) -> bool:
