@@ -222,7 +222,6 @@ class BatchArena:
         self._pool = pool
         self._layout: list[tuple] | None = None
         self._size = 0
-        self._rows = 0
         self._keys: tuple[str, ...] = ()
         self._declined: set[str] = set()
         self._handed = 0  # items given slots since the last collate
@@ -233,7 +232,7 @@ class BatchArena:
         first batch, past the batch's length, or while no segment is free."""
         row = self._handed
         self._handed += 1
-        if self._layout is None or not self._keys or row >= self._rows:
+        if self._layout is None or not self._keys or row >= self._layout[0][2][0]:
             return None
         if row == 0:
             self._lease = _Lease.acquire(self._pool, self._layout, self._size)
@@ -251,14 +250,12 @@ class BatchArena:
         lease, self._lease, self._handed = self._lease, None, 0
         return lease, self._keys
 
-    def learn(
-        self, layout: list[tuple], size: int, rows: int, declined: Sequence[str] = ()
-    ) -> None:
-        """Lay out the coming batches as this one: ``layout`` and ``size`` as :func:`pack`
-        computed them, ``rows`` items; offer slots for its uint8 frame columns, except those
-        ``declined`` now or before."""
+    def learn(self, layout: list[tuple], size: int, declined: Sequence[str] = ()) -> None:
+        """Lay out the coming batches as this one (``layout`` and ``size`` as :func:`pack`
+        computed them; its rows are the batch's items); offer slots for its uint8 frame
+        columns, except those ``declined`` now or before."""
         self._declined.update(declined)
-        self._layout, self._size, self._rows = layout, size, rows
+        self._layout, self._size = layout, size
         self._keys = tuple(
             key
             for key, _, _, dtype, frames in layout
@@ -280,7 +277,6 @@ def pack(
     """
     lease, offered = pool.arena.end_batch()
     layout, offset = [], _HEADER
-    rows = 0
     for key, value in columns.items():
         first = _first(value)
         if first is None and key in frame_keys:
@@ -290,7 +286,6 @@ def pack(
             dtype = str(first.dtype).removeprefix("torch.")
             layout.append((key, offset, shape, dtype, key in frame_keys))
             offset = _aligned(offset + int(np.prod(shape)) * first.element_size())
-            rows = len(value)
     if not layout:
         return None
     in_place: set[str] = set()
@@ -298,7 +293,7 @@ def pack(
     if lease is not None and lease.layout == layout:  # a batch of the slots' shape
         in_place = {key for key in offered if _in_slots(columns[key], lease.tensors[key])}
         declined = [key for key in offered if key not in in_place]
-    pool.arena.learn(layout, offset, rows, declined)
+    pool.arena.learn(layout, offset, declined)
     if declined or not in_place:
         lease = _Lease.acquire(pool, layout, offset)  # frames out of place: copy them all
         in_place = set()
