@@ -1,5 +1,6 @@
 """decode.py and episode.CameraFrames on LeRobot 0.6.1's own AV1 files (GOP 2): GOP-level
-random access is bit-identical to a plain in-order PyAV decode, and decodes each GOP once."""
+random access is bit-identical to a plain in-order PyAV decode; through the frame cache each GOP
+is decoded once when the cache has room, and what it drops is decoded again, still exact."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch
 
 from lerobot_shards.reader.decode import DecodeError, Video, check_backend
 from lerobot_shards.reader.episode import CameraFrames
+from lerobot_shards.reader.frame_cache import FrameCache
 
 VIDEO = "av1_multifile/videos/observation.images.cam_high/chunk-000/file-000.mp4"
 HAS_TORCHCODEC = importlib.util.find_spec("torchcodec") is not None
@@ -36,7 +38,7 @@ def decode_all(video: Video, order) -> dict[int, torch.Tensor]:
     frames: dict[int, torch.Tensor] = {}
     for position in order:
         if position not in frames:
-            gop = video.decode_gop(int(position))
+            gop = video.decode(int(position), video.gop_positions(int(position)))
             assert position in gop and not frames.keys() & gop.keys()
             frames.update(gop)
     return frames
@@ -55,29 +57,32 @@ def test_gops_in_any_order_equal_plain_pyav(mp4, reference):
 def test_a_gop_is_a_keyframe_and_what_follows(mp4):
     # LeRobot's encoder writes GOP 2: frames 2k and 2k+1 decode together, 12 alone.
     video = Video(mp4, length=13)
-    assert sorted(video.decode_gop(5)) == [4, 5]
-    assert sorted(video.decode_gop(4)) == [4, 5]
-    assert sorted(video.decode_gop(12)) == [12]
+    assert video.gop_positions(5) == video.gop_positions(4) == [4, 5]
+    assert video.gop_positions(12) == [12]
+    # Only the wanted frames come back (a keyframe alone needs one frame's decode).
+    assert list(video.decode(4)) == [4] and list(video.decode(5)) == [5]
+    assert sorted(video.decode(5, [4])) == [4, 5]
 
 
 def test_skip_frames(mp4, reference):
     # The file holds episode 0 (12 frames) then episode 1 (1 frame): drop 12 to get episode 1.
-    assert list(Video(mp4, length=1, skip_frames=12).decode_gop(0)) == [0]
-    assert torch.equal(Video(mp4, length=1, skip_frames=12).decode_gop(0)[0], reference[12])
+    assert list(Video(mp4, length=1, skip_frames=12).decode(0)) == [0]
+    assert torch.equal(Video(mp4, length=1, skip_frames=12).decode(0)[0], reference[12])
     # Skipping 3 starts mid-GOP: the skipped frame 2 is decoded (a reference) but left out.
     video = Video(mp4, length=10, skip_frames=3)
-    assert list(video.decode_gop(0)) == [0]
+    assert video.gop_positions(0) == [0]
+    assert torch.equal(video.decode(0)[0], reference[3])
     frames = decode_all(video, range(10))
     assert all(torch.equal(frames[p], reference[p + 3]) for p in range(10))
     with pytest.raises(ValueError, match="frame 10 outside an episode of 10"):
-        video.decode_gop(10)
+        video.decode(10)
 
 
 def test_threads_decode_side_by_side(mp4, reference):
     """Each thread has its own codec context: concurrent GOP decodes stay exact."""
     video = Video(mp4, length=13)
     with ThreadPoolExecutor(4) as pool:
-        gops = list(pool.map(video.decode_gop, [p % 13 for p in range(52)]))
+        gops = list(pool.map(video.decode, [p % 13 for p in range(52)]))
     assert all(torch.equal(f, reference[p]) for gop in gops for p, f in gop.items())
 
 
@@ -112,38 +117,76 @@ def test_unknown_backend(mp4):
 
 
 class CountingVideo(Video):
-    """A real Video that records which GOPs it decoded."""
+    """A real Video that records each decode: the wanted frame and the GOP frames kept."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.decoded: list[list[int]] = []
+        self.decoded: list[tuple[int, list[int]]] = []
 
-    def decode_gop(self, position: int, rgb: bool = True) -> dict:
-        gop = super().decode_gop(position, rgb)
-        self.decoded.append(sorted(gop))
-        return gop
+    def decode(self, position: int, keep=(), rgb: bool = True) -> dict:
+        self.decoded.append((position, sorted(keep)))
+        return super().decode(position, keep, rgb)
 
 
-def test_camera_frames_decode_each_gop_once_and_drop_drawn_frames(mp4, reference):
+def camera_over(
+    video: Video, draws: list[list[int]], capacity: int
+) -> tuple[CameraFrames, FrameCache]:
+    """A camera decoding through a cache of ``capacity`` bytes told that draw ``d`` takes the
+    frames ``draws[d]`` (a frame once per take)."""
+    cache = FrameCache(capacity)
+    camera = CameraFrames(video, "cam")
+    camera.attach(cache, "episode")
+    for d, positions in enumerate(draws):
+        cache.expect(d, [camera.key(p) for p in positions])
+    return camera, cache
+
+
+def test_with_room_each_gop_is_decoded_once_and_drawn_frames_are_dropped(mp4, reference):
     video = CountingVideo(mp4, length=13)
-    frames = CameraFrames(video, np.ones(13, dtype=np.int64))  # each frame drawn once
-    order = np.random.default_rng(1).permutation(13)
+    order = np.random.default_rng(1).permutation(13).tolist()
+    frames, cache = camera_over(video, [[p] for p in order], capacity=10**9)
     held = []
-    for p in order:
-        assert torch.equal(frames.take(int(p)), reference[p])
-        held.append(frames.nbytes)
-    assert sorted(map(tuple, video.decoded)) == [(2 * k, 2 * k + 1) for k in range(6)] + [(12,)]
-    assert frames.nbytes == 0  # everything drawn: nothing held
-    assert max(held) <= 13 * reference[0].nbytes and max(held) > 0
+    for d, p in enumerate(order):
+        cache.now = d
+        assert torch.equal(frames.take(p), reference[p])
+        held.append(cache.nbytes)
+    gops = sorted(tuple(sorted([p, *keep])) for p, keep in video.decoded)
+    assert gops == [(2 * k, 2 * k + 1) for k in range(6)] + [(12,)]
+    assert cache.nbytes == 0 and cache.decodes_saved == 6  # everything drawn: nothing held
+    assert 0 < max(held) <= 6 * reference[0].nbytes
+
+
+def test_without_room_each_draw_decodes_only_its_own_frame(mp4, reference):
+    video = CountingVideo(mp4, length=13)
+    order = np.random.default_rng(1).permutation(13).tolist()
+    frames, cache = camera_over(video, [[p] for p in order], capacity=0)
+    for d, p in enumerate(order):
+        cache.now = d
+        assert torch.equal(frames.take(p), reference[p])
+    assert video.decoded == [(p, []) for p in order] and cache.peak_bytes == 0
+
+
+def test_a_full_cache_keeps_the_frame_drawn_soonest(mp4, reference):
+    # Room for one frame. Draw 0 decodes GOP {0, 1} and keeps 1 (drawn at 3); draw 1 decodes
+    # {2, 3}, and 3 (drawn at 2) is sooner than 1, so 1 is dropped and decoded again at draw 3.
+    video = CountingVideo(mp4, length=13)
+    order = [0, 2, 3, 1]
+    frames, cache = camera_over(video, [[p] for p in order], capacity=reference[0].nbytes)
+    for d, p in enumerate(order):
+        cache.now = d
+        assert torch.equal(frames.take(p), reference[p])
+    assert video.decoded == [(0, [1]), (2, [3]), (1, [])]
+    assert cache.peak_bytes == reference[0].nbytes and cache.nbytes == 0
 
 
 def test_camera_frames_written_into_slots_equal_pyav_s(mp4, reference):
     """Draws written into a slot leave their GOP's other frames unconverted; whichever way a
     frame is drawn later, it has PyAV's pixels, and each GOP is decoded once."""
     video = CountingVideo(mp4, length=13)
-    frames = CameraFrames(video, np.ones(13, dtype=np.int64))
-    order = np.random.default_rng(2).permutation(13)
-    for i, p in enumerate(order.tolist()):
+    order = np.random.default_rng(2).permutation(13).tolist()
+    frames, cache = camera_over(video, [[p] for p in order], capacity=10**9)
+    for i, p in enumerate(order):
+        cache.now = i
         if i % 3 == 2:
             got = frames.take(p)
         else:
@@ -151,34 +194,56 @@ def test_camera_frames_written_into_slots_equal_pyav_s(mp4, reference):
             assert frames.take(p, slot) is slot
             got = slot
         assert torch.equal(got, reference[p]), p
-    assert sorted(map(tuple, video.decoded)) == [(2 * k, 2 * k + 1) for k in range(6)] + [(12,)]
-    assert frames.nbytes == 0
+    assert sorted(tuple(sorted([p, *k])) for p, k in video.decoded) == [
+        (2 * k, 2 * k + 1) for k in range(6)
+    ] + [(12,)]
+    assert cache.nbytes == 0
 
 
 def test_an_unconverted_frame_drawn_several_times_is_converted_once(mp4, reference):
-    uses = np.ones(13, dtype=np.int64)
-    uses[1] = 3
     video = CountingVideo(mp4, length=13)
-    frames = CameraFrames(video, uses)
+    frames, cache = camera_over(video, [[0], [1], [1], [1]], capacity=10**9)
     frames.take(0, torch.empty_like(reference[0]))  # its GOP mate, frame 1, stays unconverted
-    first, second = frames.take(1), frames.take(1)
+    cache.now = 1
+    first = frames.take(1)
+    cache.now = 2
+    second = frames.take(1)
     assert second is first and torch.equal(first, reference[1])
+    cache.now = 3
     slot = torch.empty_like(reference[1])
     assert torch.equal(frames.take(1, slot), reference[1])
-    assert video.decoded == [[0, 1]] and frames.nbytes == 0
+    assert video.decoded == [(0, [1])] and cache.nbytes == 0
 
 
 def test_camera_frames_keep_a_frame_for_each_use(mp4, reference):
     # Frame 3 shown by three draws (delta_timestamps neighbours), frame 2 by none.
-    uses = np.array([1, 1, 0, 3] + [0] * 9)
     video = CountingVideo(mp4, length=13)
-    frames = CameraFrames(video, uses.copy())
-    for p in (3, 0, 3, 1, 3):
+    order = [3, 0, 3, 1, 3]
+    frames, cache = camera_over(video, [[p] for p in order], capacity=10**9)
+    for d, p in enumerate(order):
+        cache.now = d
         assert torch.equal(frames.take(p), reference[p])
-    assert video.decoded == [[2, 3], [0, 1]]
-    assert frames.nbytes == 0
+    assert video.decoded == [(3, []), (0, [1])]
+    assert cache.nbytes == 0
     frames.take(3)  # one use too many: decoded again, still exact
-    assert video.decoded[-1] == [2, 3]
+    assert video.decoded[-1] == (3, [])
+
+
+def test_decoding_ahead_holds_placeholders_within_the_cap(mp4, reference):
+    """Frames scheduled on a thread count against the cap from the start; a draw waits for them
+    instead of decoding, and a schedule with no room is skipped (decoded when drawn)."""
+    video = CountingVideo(mp4, length=13)
+    order = [0, 1, 4, 5, 8]
+    frames, cache = camera_over(video, [[p] for p in order], capacity=2 * reference[0].nbytes)
+    with ThreadPoolExecutor(2) as pool:
+        frames.schedule(0, pool)  # GOP {0, 1}: both drawn soon, both held as placeholders
+        assert cache.nbytes == 2 * reference[0].nbytes
+        frames.schedule(4, pool)  # no room: frames 0 and 1 are drawn sooner
+        assert cache.nbytes == 2 * reference[0].nbytes
+        for d, p in enumerate(order):
+            cache.now = d
+            assert torch.equal(frames.take(p), reference[p])
+    assert video.decoded[0] == (0, [1]) and (4, [5]) in video.decoded and len(video.decoded) == 3
 
 
 @pytest.mark.skipif(HAS_TORCHCODEC, reason="torchcodec is installed")
@@ -186,7 +251,7 @@ def test_torchcodec_missing_is_a_clear_error(mp4):
     with pytest.raises(ImportError, match="torchcodec"):
         check_backend("torchcodec")
     with pytest.raises(ImportError, match="pip install"):
-        Video(mp4, length=13, backend="torchcodec").decode_gop(0)
+        Video(mp4, length=13, backend="torchcodec").decode(0)
 
 
 @pytest.mark.skipif(not HAS_TORCHCODEC, reason="torchcodec is not installed")

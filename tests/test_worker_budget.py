@@ -1,57 +1,70 @@
-"""The byte budget is per rank: each of the rank's DataLoader workers gets an equal share for its
-own pool, an episode too large for a share is refused by name, and a checkpoint taken under the
-split resumes (elastically) under another worker count with every frame exactly once."""
+"""The byte budget: per rank, shared out over its DataLoader workers; each worker's share pays
+for its frame cache (at most half the share) and the rest bounds its fetched episodes. An episode
+too large for a share is refused by name, a budget that starves the pool is warned about, and a
+checkpoint taken under the split resumes (elastically) under another worker count."""
 
 from __future__ import annotations
 
-from pathlib import Path
+import warnings
 
 import fsspec
 import pytest
 from torch.utils.data import DataLoader
 
-import lerobot_shards
 from lerobot_shards import ShardedLeRobotDataset
 from lerobot_shards.format import MANIFEST_FILE, read_manifest
+from lerobot_shards.reader.pool_budget import SmallPoolWarning
 
-AV1 = "av1_multifile"
 FRAMES = 74
-EPISODE_LENGTHS = (12, 1, 30, 9, 17, 5)
+MB = 10**6
 
 
 @pytest.fixture(scope="module")
-def av1(golden_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    dest = tmp_path_factory.mktemp("shards") / AV1
-    lerobot_shards.convert(str(golden_dir / AV1), str(dest), workers=0, progress=False)
-    return dest
+def sizes(av1) -> dict[int, int]:
+    """Each episode's fetched (compressed) bytes: what it costs the pool."""
+    manifest = read_manifest(fsspec.filesystem("file"), str(av1 / MANIFEST_FILE))
+    return dict(
+        zip(
+            manifest.column("episode_index").to_pylist(),
+            manifest.column("size").to_pylist(),
+            strict=True,
+        )
+    )
 
 
-@pytest.fixture(scope="module")
-def cost(av1: Path) -> dict[int, int]:
-    """Each whole episode's cost: fetched bytes plus its decoded frames (40x56 and 24x32 RGB)."""
-    sizes = read_manifest(fsspec.filesystem("file"), str(av1 / MANIFEST_FILE)).column("size")
-    return {
-        e: size + n * 3 * (40 * 56 + 24 * 32)
-        for e, (size, n) in enumerate(zip(sizes.to_pylist(), EPISODE_LENGTHS, strict=True))
-    }
+def split(budget: int, cache: int, workers: int, largest: int) -> tuple[int, int]:
+    """(pool budget, frame cache) of one worker's part, as the README states the rule."""
+    share = budget // workers
+    part_cache = min(cache // workers, share // 2, share - largest)
+    return share - part_cache, part_cache
 
 
-def test_one_worker_keeps_the_whole_budget(av1, cost):
-    budget = 2 * max(cost.values())
-    ds = ShardedLeRobotDataset(av1, byte_budget_gb=budget / 1e9, buffer_size=4)
+def test_budget_holds_compressed_episodes_and_the_cache(av1, sizes):
+    budget, cache = 8 * max(sizes.values()), 10 * MB
+    ds = ShardedLeRobotDataset(
+        av1, byte_budget_gb=budget / 1e9, frame_cache_gb=cache / 1e9, buffer_size=4
+    )
     assert sorted(int(item["index"]) for item in ds) == list(range(FRAMES))
-    assert ds.state_dict()["byte_budget"] == budget
-    assert max(cost.values()) < ds.memory_stats()["peak_budget_bytes"] <= budget
+    pool, part_cache = split(budget, cache, 1, max(sizes.values()))
+    assert part_cache == budget // 2  # the cache takes at most half of the share
+    assert ds.state_dict()["byte_budget"] == pool
+    stats = ds.memory_stats()
+    assert max(sizes.values()) <= stats["peak_budget_bytes"] <= pool
+    assert 0 < stats["peak_frame_cache_bytes"] <= part_cache
+    assert stats["peak_resident_memory"] <= budget
 
 
-def test_each_worker_gets_its_share(av1, cost):
-    budget = 2 * max(cost.values())
+def test_each_worker_gets_its_share(av1, sizes):
+    budget = 12 * max(sizes.values())
+    pool, part_cache = split(budget, int(0.5e9), 2, max(sizes.values()))
     # Worker 0 of 2 (the layout ds.num_workers says), streamed in process to read its stats.
     ds = ShardedLeRobotDataset(av1, byte_budget_gb=budget / 1e9, buffer_size=4)
     ds.num_workers = 2
     mine = [int(item["index"]) for item in ds]
-    assert ds.memory_stats()["peak_budget_bytes"] <= budget // 2
-    assert ds.state_dict()["byte_budget"] == budget // 2
+    stats = ds.memory_stats()
+    assert stats["peak_budget_bytes"] <= pool and stats["peak_frame_cache_bytes"] <= part_cache
+    assert stats["peak_resident_memory"] <= budget // 2
+    assert ds.state_dict()["byte_budget"] == pool
     # Through a DataLoader with 2 workers: both shares, every frame exactly once.
     ds = ShardedLeRobotDataset(av1, byte_budget_gb=budget / 1e9, buffer_size=4)
     ds.num_workers = 2
@@ -60,24 +73,50 @@ def test_each_worker_gets_its_share(av1, cost):
     assert set(mine) < set(map(int, seen))
 
 
-def test_an_episode_larger_than_a_share_is_refused_by_name(av1, cost):
-    budget = max(cost.values())  # fits the rank's budget, not half of it
-    ds = ShardedLeRobotDataset(av1, byte_budget_gb=budget / 1e9)
-    ds.num_workers = 2
-    share = budget // 2
-    first = min(e for e, c in cost.items() if c > share)
+def test_an_episode_larger_than_a_share_is_refused_by_name(av1, sizes):
+    biggest = max(sizes, key=sizes.get)
     with pytest.raises(
         ValueError,
-        match=rf"^Episode {first} requires {cost[first]} bytes, exceeding the byte budget "
-        rf"{share} of each of the rank's 2 DataLoader workers",
+        match=rf"^Episode {biggest} is {sizes[biggest]} bytes, more than the byte budget of "
+        rf"{sizes[biggest] - 1} bytes per worker \(byte_budget_gb=",
+    ):
+        ShardedLeRobotDataset(av1, byte_budget_gb=(sizes[biggest] - 1) / 1e9)
+    budget = sizes[biggest]  # fits the rank's budget, not half of it
+    ds = ShardedLeRobotDataset(av1, byte_budget_gb=budget / 1e9)
+    ds.num_workers = 2
+    first = min(e for e, size in sizes.items() if size > budget // 2)
+    with pytest.raises(
+        ValueError,
+        match=rf"^Episode {first} is {sizes[first]} bytes, more than the byte budget of "
+        rf"{budget // 2} bytes per worker \(byte_budget_gb=.* split over the rank's 2 DataLoader",
     ):
         iter(ds)
-    ds.num_workers = 0  # in process, one part: the whole budget
-    assert len([item["index"] for item in ds]) == FRAMES
+    # In process, one part: the whole budget holds the largest episode and nothing else, so the
+    # frame cache gets no room and every frame is still yielded, decoded when drawn.
+    ds.num_workers = 0
+    with pytest.warns(SmallPoolWarning, match=r"fewer than the 6 the pool would hold"):
+        assert sorted(int(item["index"]) for item in ds) == list(range(FRAMES))
+    # Past the (empty) cap, only the frames of the draw being built: one per camera.
+    assert ds.memory_stats()["peak_frame_cache_bytes"] <= 3 * (40 * 56 + 24 * 32)
 
 
-def test_checkpoint_under_the_split_resumes_under_one_worker(av1, cost):
-    budget = 2 * max(cost.values())
+def test_a_budget_that_starves_the_pool_warns_with_numbers(av1, sizes):
+    median = sorted(sizes.values())[len(sizes) // 2]
+    tight = ShardedLeRobotDataset(av1, byte_budget_gb=4 * median / 1e9, buffer_size=6)
+    with pytest.warns(SmallPoolWarning) as caught:
+        iter(tight)
+    message = str(caught[0].message)
+    assert "fetched episodes, which holds about" in message and "buffer_size=6" in message
+    # The budget the warning advises keeps the pool full: no warning.
+    advised = float(message.rsplit("byte_budget_gb=", 1)[1].split()[0])
+    roomy = ShardedLeRobotDataset(av1, byte_budget_gb=advised, buffer_size=6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SmallPoolWarning)
+        iter(roomy)
+
+
+def test_checkpoint_under_the_split_resumes_under_one_worker(av1, sizes):
+    budget = 12 * max(sizes.values())
     ds = ShardedLeRobotDataset(av1, byte_budget_gb=budget / 1e9, buffer_size=4, seed=3)
     ds.num_workers = 2
     taken: list[int] = []
@@ -86,7 +125,8 @@ def test_checkpoint_under_the_split_resumes_under_one_worker(av1, cost):
         if len(taken) == 12:
             break
     state = ds.state_dict(num_samples=len(taken), batch_size=4)
-    assert (state["num_workers"], state["byte_budget"]) == (2, budget // 2)
+    pool, _ = split(budget, int(0.5e9), 2, max(sizes.values()))
+    assert (state["num_workers"], state["byte_budget"]) == (2, pool)
     resumed = ShardedLeRobotDataset(av1, byte_budget_gb=budget / 1e9, buffer_size=4, seed=3)
     resumed.load_state_dict(state)
     rest = [int(item["index"]) for item in resumed]

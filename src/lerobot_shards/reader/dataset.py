@@ -38,8 +38,9 @@ The state format. ``state_dict()`` returns a plain dict (JSON-serialisable):
   iterated in process; None when unknown: ``ds.num_workers`` was not set and the state came
   from ``state_dict(num_samples=...)``).
 - ``seed``, ``shuffle``, ``buffer_size``, ``byte_budget`` (bytes or None), ``pad``, ``repeat``:
-  the settings that shape the order. ``byte_budget`` is each part's pool budget: the rank's
-  ``byte_budget_gb`` split over the layout's DataLoader workers.
+  the settings that shape the order. ``byte_budget`` is each part's pool budget for fetched
+  episodes: the rank's ``byte_budget_gb`` split over the layout's DataLoader workers, less each
+  worker's frame cache.
 - ``fingerprint``: ``format.manifest_fingerprint`` of the selected episodes' manifest rows.
   Loading a state of another dataset or episode selection is refused with a ``ValueError``.
 - ``resumed_from`` (only while the rest of an elastically resumed epoch runs): the state the
@@ -99,12 +100,16 @@ from lerobot_shards.reader.elastic import (
     Planner,
     consumed_per_worker,
 )
-from lerobot_shards.reader.episode import Episode, load_episode, needed_range
+from lerobot_shards.reader.episode import Episode, load_episode
 from lerobot_shards.reader.fetch import ADMIT, EVICT, Prefetcher, Span, read_span
+from lerobot_shards.reader.frame_cache import FrameCache, read_ahead
 from lerobot_shards.reader.partition import part_index, samples_per_part
-from lerobot_shards.reader.plan import Admit, Draws, Evict, check_budget
+from lerobot_shards.reader.plan import Admit, Draws, Evict
+from lerobot_shards.reader.pool_budget import PoolBudget, split_budget
 
 GB = 10**9
+DEFAULT_FRAME_CACHE_GB = 0.5
+"""Decoded frames held per rank (split over its DataLoader workers) unless set otherwise."""
 
 
 @dataclass
@@ -143,6 +148,10 @@ class _Cursor:
     num_workers: int
 
 
+def _draw_count(event: Any) -> int:
+    return len(event.pieces) if type(event) is Draws else 0
+
+
 def rank_and_world_size() -> tuple[int, int]:
     """From torch.distributed when initialised, else ``RANK``/``WORLD_SIZE``, else 0 and 1."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
@@ -155,14 +164,18 @@ class ShardedLeRobotDataset(IterableDataset):
     once per epoch over all ranks and workers, items equal to ``LeRobotSource[i]``.
 
     ``root`` is a local path or fsspec URL of a converted dataset. ``episodes`` selects episode
-    indices. At most ``buffer_size`` episodes per DataLoader worker and ``byte_budget_gb``
-    (10**9 bytes) per rank are held, resident plus prefetched: each of the rank's workers gets
-    an equal share of the budget. An episode's bytes are what it can cost in memory: its fetched
-    bytes plus the bound on its decoded uint8 frames (frames are decoded a GOP at a time when
-    drawn and held until drawn, never more than the rows it draws show), so the budget bounds
-    the pools' RAM. ``repeat=True`` streams epoch after epoch. ``delta_timestamps``,
-    ``tolerance_s``, ``image_transforms``, ``return_uint8`` and ``video_backend`` shape items as
-    in LeRobot. ``pad=False`` turns off the padding that gives
+    indices. At most ``buffer_size`` episodes per DataLoader worker are resident (plus a few
+    prefetched). Decoded frames are held in a cache of ``frame_cache_gb`` (10**9 bytes) per rank,
+    shared out over its DataLoader workers, which keeps the frames the plan draws soonest and
+    decodes again what it dropped: memory for frames does not grow with pool size or episode
+    length. ``byte_budget_gb`` bounds each rank's fetched (compressed) episodes, resident plus
+    prefetched, *and* its frame caches: each worker's equal share pays for its cache (at most
+    half the share) and the rest for episodes, so a budget of a few hundred MB holds hundreds of
+    compressed episodes. An episode is refused only if its bytes alone exceed a worker's share;
+    a budget that holds fewer than ``buffer_size`` typical episodes is warned about. Batches in
+    flight in the DataLoader are outside the budget. ``repeat=True`` streams epoch after epoch.
+    ``delta_timestamps``, ``tolerance_s``, ``image_transforms``, ``return_uint8`` and
+    ``video_backend`` shape items as in LeRobot. ``pad=False`` turns off the padding that gives
     every rank and worker the same number of samples (for evaluation).
 
     ``decode_threads``: threads per iterating process that decode the GOPs of the next
@@ -181,6 +194,8 @@ class ShardedLeRobotDataset(IterableDataset):
     """Admissions fetched and demuxed ahead of the pool."""
     decode_ahead = 16
     """Upcoming draws whose GOPs the decode threads may work on ahead of the consumer."""
+    frame_lookahead = 8192
+    """Draws planned ahead of the consumer so the frame cache knows which frames come soon."""
     fetch_threads = 2
     fetch_retries = 5
 
@@ -193,6 +208,7 @@ class ShardedLeRobotDataset(IterableDataset):
         seed: int = 0,
         buffer_size: int = 64,
         byte_budget_gb: float | None = None,
+        frame_cache_gb: float = DEFAULT_FRAME_CACHE_GB,
         repeat: bool = False,
         delta_timestamps: Mapping[str, Sequence[float]] | None = None,
         tolerance_s: float = 1e-4,
@@ -221,6 +237,9 @@ class ShardedLeRobotDataset(IterableDataset):
         self.seed = int(seed)
         self.buffer_size = int(buffer_size)
         self.byte_budget = None if byte_budget_gb is None else int(byte_budget_gb * GB)
+        if frame_cache_gb < 0:
+            raise ValueError(f"frame_cache_gb must be non-negative, got {frame_cache_gb}")
+        self.frame_cache = int(frame_cache_gb * GB)
         self.repeat = repeat
         self.pad = pad
         self.video_backend = video_backend
@@ -234,13 +253,8 @@ class ShardedLeRobotDataset(IterableDataset):
             return_uint8=return_uint8,
             image_transforms=image_transforms,
         )
-        self._frame_bytes = {
-            key: int(np.prod(self.meta.features[key]["shape"])) for key in self.spec.video_keys
-        }
-        whole = [(int(e), 0, int(n)) for e, n in zip(self._episodes, self._lengths, strict=True)]
-        self._episode_costs = np.array([self._cost(*p) for p in whole], dtype=np.int64)
-        check_budget(self._episode_costs, self.byte_budget, self._episodes)
         self.num_workers = 0
+        self._budget(1)  # refuses an episode larger than the whole budget
         self._planner = Planner(self._episodes, self._lengths, self._cost)
         self._fingerprint: str | None = None
         self._next = (0, 0)  # (epoch, offset) the next iteration starts at
@@ -252,7 +266,12 @@ class ShardedLeRobotDataset(IterableDataset):
         self._resume_pending = False
         self._check_workers: int | None = None  # workers a loaded state was planned for
         self._cursor: _Cursor | None = None
-        self._stats = {"peak_budget_bytes": 0, "peak_resident_memory": 0}
+        self._stats = {
+            "peak_budget_bytes": 0,
+            "peak_resident_memory": 0,
+            "peak_frame_cache_bytes": 0,
+            "frames_from_cache": 0,
+        }
 
     @property
     def fs(self) -> fsspec.AbstractFileSystem:
@@ -396,9 +415,10 @@ class ShardedLeRobotDataset(IterableDataset):
         return len(self) - sum(real[p] for p in parts)
 
     def memory_stats(self) -> dict[str, int]:
-        """Peaks seen by this process's iterations: ``peak_budget_bytes``, the resident plus
-        prefetched pieces' cost as the byte budget counts it, and ``peak_resident_memory``, the
-        admitted episodes' fetched bytes plus decoded frames as actually held."""
+        """What this process's iterations held: ``peak_budget_bytes``, the fetched episodes
+        resident plus prefetched as the pool budget counts them; ``peak_frame_cache_bytes``,
+        decoded frames held; ``peak_resident_memory``, resident fetched bytes plus decoded
+        frames; and ``frames_from_cache``, frames drawn from the cache instead of decoded."""
         return dict(self._stats)
 
     # ------------------------------------------------------------------ epochs and state
@@ -423,14 +443,23 @@ class ShardedLeRobotDataset(IterableDataset):
             self._fingerprint = manifest_fingerprint(self._manifest)
         return self._fingerprint
 
-    def _part_budget(self, workers: int) -> int | None:
-        """Each part's pool budget: the rank's ``byte_budget`` split over its DataLoader
-        workers, since each worker holds its own pool (so the rank's RAM stays in budget)."""
-        return None if self.byte_budget is None else self.byte_budget // max(1, workers)
+    def _budget(self, workers: int) -> PoolBudget:
+        """Each part's pool budget and frame cache under ``workers`` DataLoader workers per rank
+        (``pool_budget.split_budget``): each worker holds its own pool and cache."""
+        workers = max(1, workers)
+        return split_budget(
+            self.byte_budget,
+            self.frame_cache,
+            workers=workers,
+            num_parts=self._layout()[1] * workers,
+            episode_bytes=self._sizes,
+            episodes=self._episodes,
+            buffer_size=self.buffer_size,
+        )
 
     def _ordering(self) -> Ordering:
-        """The order settings of this process's layout (the budget per part)."""
-        budget = self._part_budget(self._layout()[3])
+        """The order settings of this process's layout (the pool budget per part)."""
+        budget = self._budget(self._layout()[3]).pool
         return Ordering(self.seed, self.shuffle, self.buffer_size, budget, self.pad, self.repeat)
 
     def _state(
@@ -615,8 +644,7 @@ class ShardedLeRobotDataset(IterableDataset):
                 f"the state was loaded for {expected} DataLoader worker(s) per rank, but this "
                 f"loader has {workers}: set ds.num_workers = {workers} before load_state_dict"
             )
-        if workers > 1:
-            self._check_part_budget(workers)
+        self._budget(workers).warn_if_small()
         first = part_index(rank, world, 0, workers)[0]
         num_parts = world * workers
         ordering, planner = self._ordering(), self._planner
@@ -655,12 +683,18 @@ class ShardedLeRobotDataset(IterableDataset):
             return
         parts_of: dict[int, Part] = {}
         ordering = self._ordering()
+        cache = FrameCache(self._budget(self._layout()[3]).cache)
+        registered = 0  # draws whose frames the cache has been told about
 
         def events() -> Iterator[tuple[int, Any]]:
+            nonlocal registered
             current, start = part, cursor.offset
             while True:
                 parts_of[current.epoch] = current
+                lengths = self._lengths[np.searchsorted(self._episodes, current.episodes)]
                 for event in current.plan(ordering, self._cost, start):
+                    if type(event) is Draws:
+                        registered = self._expect(cache, registered, current, lengths, event)
                     yield current.epoch, event
                 if not self.repeat:
                     return
@@ -683,8 +717,7 @@ class ShardedLeRobotDataset(IterableDataset):
 
         def load(key: tuple[int, int]) -> Episode:
             epoch, piece = key
-            p = parts_of[epoch]
-            return self._load(int(p.episodes[piece]), int(p.starts[piece]), int(p.stops[piece]), fs)
+            return self._load(int(parts_of[epoch].episodes[piece]), fs)
 
         prefetcher = Prefetcher(
             load,
@@ -697,15 +730,17 @@ class ShardedLeRobotDataset(IterableDataset):
         decoder = ThreadPoolExecutor(threads, "lerobot-shards-decode") if threads else None
         arena = self._arena()
         resident: dict[tuple[int, int], Episode] = {}
-        memory = 0
-        tasks = self.meta.tasks
+        fetched = 0
+        drawn = 0
+        tasks, stats = self.meta.tasks, self._stats
+        planned = read_ahead(events(), lambda step: _draw_count(step[1]), self.frame_lookahead)
         try:
-            for (epoch, event), value in prefetcher.run(events(), classify):
+            for (epoch, event), value in prefetcher.run(planned, classify):
                 kind = type(event)
                 if kind is Draws:
                     if epoch != cursor.epoch:  # the stream ran on into the next epoch
                         self._advance(cursor, parts_of, epoch)
-                    part, stats = parts_of[epoch], self._stats
+                    part = parts_of[epoch]
                     run = [
                         (resident[(epoch, piece)], part.position(piece, frame))
                         for piece, frame in zip(
@@ -716,34 +751,57 @@ class ShardedLeRobotDataset(IterableDataset):
                     # resident until it ends: decoding ahead within it never outlives a piece.
                     ahead = 0
                     for n, (episode, position) in enumerate(run):
+                        cache.now = drawn
                         if decoder is not None:
                             while ahead < len(run) and ahead <= n + self.decode_ahead:
                                 run[ahead][0].schedule(run[ahead][1], self.spec, decoder)
                                 ahead += 1
-                        held = episode.nbytes
                         slots = arena.slots() if arena is not None else None
                         item = episode.item(position, self.spec, tasks, slots)
-                        memory += episode.nbytes - held  # a GOP decoded, frames drawn, dropped
+                        drawn += 1
+                        memory = fetched + cache.nbytes
                         stats["peak_resident_memory"] = max(stats["peak_resident_memory"], memory)
                         cursor.offset += 1
                         cursor.stream_offset += 1
                         yield item
                 elif kind is Admit:
+                    value.attach(cache, (epoch, event.piece))
                     resident[(epoch, event.piece)] = value
-                    memory += value.nbytes
-                    stats = self._stats
-                    stats["peak_resident_memory"] = max(stats["peak_resident_memory"], memory)
+                    fetched += value.fetched
                     stats["peak_budget_bytes"] = max(
                         stats["peak_budget_bytes"], prefetcher.peak_bytes
                     )
                 else:
-                    memory -= resident.pop((epoch, event.piece)).nbytes
+                    fetched -= resident.pop((epoch, event.piece)).fetched
+                    cache.forget((epoch, event.piece))
         finally:
             if decoder is not None:
                 decoder.shutdown(wait=True, cancel_futures=True)
-        self._stats["peak_budget_bytes"] = max(
-            self._stats["peak_budget_bytes"], prefetcher.peak_bytes
-        )
+            stats["peak_budget_bytes"] = max(stats["peak_budget_bytes"], prefetcher.peak_bytes)
+            stats["peak_frame_cache_bytes"] = max(stats["peak_frame_cache_bytes"], cache.peak_bytes)
+            stats["frames_from_cache"] += cache.decodes_saved
+
+    def _expect(
+        self, cache: FrameCache, first: int, part: Part, lengths: np.ndarray, draws: Draws
+    ) -> int:
+        """Tell ``cache`` which frames each of ``draws`` (numbered from ``first``) will take;
+        returns the next draw's number."""
+        epoch = part.epoch
+        cameras = [(key, self.spec.deltas.get(key)) for key in self.spec.video_keys]
+        draw = first
+        for piece, frame in zip(draws.pieces.tolist(), draws.frames.tolist(), strict=True):
+            position = part.position(piece, frame)
+            tag = (epoch, piece)
+            keys = []
+            for key, offsets in cameras:
+                if offsets is None:
+                    keys.append((tag, key, position))
+                else:
+                    shown = np.clip(position + offsets, 0, int(lengths[piece]) - 1).tolist()
+                    keys += [(tag, key, p) for p in shown]
+            cache.expect(draw, keys)
+            draw += 1
+        return draw
 
     def _arena(self) -> transfer.BatchArena | None:
         """In a DataLoader worker that can share segments: the batch slots ``collate`` lays out
@@ -779,36 +837,15 @@ class ShardedLeRobotDataset(IterableDataset):
         for old in [e for e in parts_of if e < epoch - 1]:
             del parts_of[old]
 
-    def _check_part_budget(self, workers: int) -> None:
-        """Refuse, naming it, an episode larger than a worker's share of the byte budget."""
-        budget = self._part_budget(workers)
-        if budget is None:
-            return
-        over = np.flatnonzero(self._episode_costs > budget)
-        if len(over):
-            i = int(over[0])
-            raise ValueError(
-                f"Episode {int(self._episodes[i])} requires {int(self._episode_costs[i])} bytes, "
-                f"exceeding the byte budget {budget} of each of the rank's {workers} DataLoader "
-                f"workers (byte_budget_gb={self.byte_budget / GB:g} split over them): raise "
-                "byte_budget_gb or use fewer workers"
-            )
-
     def _cost(self, episode: int, start: int, stop: int) -> int:
-        """What a piece can hold in memory while resident: its episode's fetched bytes plus the
-        bound on its decoded uint8 frames: those the rows it draws show (widened by the delta
-        offsets), each held at most once (``episode.CameraFrames``)."""
-        row = self._row_of[episode]
-        length = int(self._lengths[row])
-        decoded = 0
-        for key, frame_bytes in self._frame_bytes.items():
-            lo, hi = needed_range(self.spec, key, start, stop, length)
-            decoded += (hi - lo) * frame_bytes
-        return int(self._sizes[row]) + decoded
+        """What a piece costs the pool budget while resident: its episode's fetched bytes (the
+        whole episode is fetched whichever rows the piece draws; decoded frames are in the
+        frame cache, budgeted apart)."""
+        return int(self._sizes[self._row_of[episode]])
 
-    def _load(self, episode: int, start: int, stop: int, fs: fsspec.AbstractFileSystem) -> Episode:
-        """Fetch, verify and demux a piece's episode, rows ``start:stop`` (in prefetch threads);
-        its frames are decoded when drawn."""
+    def _load(self, episode: int, fs: fsspec.AbstractFileSystem) -> Episode:
+        """Fetch, verify and demux an episode (in prefetch threads); its frames are decoded when
+        drawn."""
         row = self._row_of[episode]
         shard = self._shards[row]
         span = Span(
@@ -832,7 +869,6 @@ class ShardedLeRobotDataset(IterableDataset):
             shard=span.path,
             spec=self.spec,
             backend=self.video_backend,
-            rows=(start, stop),
         )
 
     def __repr__(self) -> str:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import io
 import threading
 from collections import OrderedDict
+from collections.abc import Collection
 from typing import Any
 
 import numpy as np
@@ -86,6 +87,8 @@ class Video:
             with av.open(io.BytesIO(self.data), mode="r", format="mp4") as container:
                 stream = container.streams.video[0]
                 self.codec = stream.codec_context.codec.name
+                # one decoded frame as rgb24: what the frame cache counts a held frame as
+                self.frame_bytes = stream.codec_context.width * stream.codec_context.height * 3
                 self.extradata = bytes(stream.codec_context.extradata or b"")
                 for packet in container.demux(stream):
                     if packet.size == 0:  # the demuxer's end-of-stream marker
@@ -125,48 +128,62 @@ class Video:
             raise ValueError(f"{self.where}: frame {position} outside an episode of {self.length}")
         return self._gop_of[position]
 
-    def decode_gop(self, position: int, rgb: bool = True) -> dict[int, Any]:
-        """The decoded frames of the GOP holding episode frame ``position``, by episode position
-        (the skipped leading frames left out): uint8 ``(H, W, 3)`` tensors, or with
-        ``rgb=False`` and the pyav backend, PyAV's frames as decoded, for ``rgb24.py`` to
-        write where they are wanted.
+    def gop_positions(self, position: int) -> list[int]:
+        """The episode positions of the frames in the GOP holding ``position``, in decode order
+        (the skipped leading frames left out)."""
+        g = self.gop_of(position)
+        return [p for p in self._position[self._bounds[g] : self._bounds[g + 1]] if p >= 0]
 
-        Safe to call from several threads at once (each has its own codec context); the GIL is
-        released while FFmpeg decodes and converts, so threads decode in parallel.
+    def decode(self, position: int, keep: Collection[int] = (), rgb: bool = True) -> dict[int, Any]:
+        """Frame ``position`` and the frames ``keep`` of its GOP, by episode position: uint8
+        ``(H, W, 3)`` tensors, or with ``rgb=False`` and the pyav backend, PyAV's frames as
+        decoded, for ``rgb24.py`` to write where they are wanted.
+
+        Decodes from the GOP's keyframe only as far as the wanted frames need (with LeRobot's
+        GOP 2, a keyframe alone costs one frame's decode). Safe to call from several threads at
+        once (each has its own codec context); the GIL is released while FFmpeg decodes and
+        converts, so threads decode in parallel.
         """
         g = self.gop_of(position)
         first, stop = self._bounds[g], self._bounds[g + 1]
+        wanted = {position, *keep}
         if self.backend == "torchcodec":
-            return self._decode_torchcodec(first, stop)
-        return self._decode_pyav(first, stop, rgb)
+            frames = self._decode_torchcodec(first, stop)
+            return {p: frames[p] for p in wanted}
+        return self._decode_pyav(first, stop, wanted, rgb)
 
-    def _decode_pyav(self, first: int, stop: int, rgb: bool) -> dict[int, Any]:
+    def _decode_pyav(self, first: int, stop: int, wanted: set[int], rgb: bool) -> dict[int, Any]:
         import av
 
         context = _codec_context(self.codec, self.extradata)
-        wanted = {self._pts[i]: self._position[i] for i in range(first, stop)}
-        decoded = []
+        position_of = {self._pts[i]: self._position[i] for i in range(first, stop)}
+        frames: dict[int, Any] = {}
+
+        def collect(decoded: list) -> None:
+            for frame in decoded:
+                p = position_of.get(frame.pts)
+                if p in wanted:
+                    frames[p] = to_rgb24(frame) if rgb else frame
+
         try:
             for i in range(first, stop):
                 offset, size = self._spans[i]
                 packet = av.Packet(self.data[offset : offset + size])
                 packet.pts = packet.dts = self._pts[i]
-                decoded += context.decode(packet)
-            if len(decoded) < stop - first:  # a decoder with delay: drain it
-                decoded += context.decode(None)
+                collect(context.decode(packet))
+                if len(frames) == len(wanted):
+                    break
+            else:  # a decoder with delay: drain it
+                collect(context.decode(None))
         except av.error.FFmpegError as exc:
             raise DecodeError(f"{self.where}: video does not decode: {exc}") from exc
         finally:
             context.flush_buffers()
-        frames = {}
-        for frame in decoded:
-            position = wanted.get(frame.pts)
-            if position is not None and position >= 0:
-                frames[position] = to_rgb24(frame) if rgb else frame
-        if len(frames) != sum(1 for p in wanted.values() if p >= 0):
+        if len(frames) != len(wanted):
+            missing = sorted(wanted - frames.keys())
             raise DecodeError(
-                f"{self.where}: decoding packets {first}..{stop - 1} from their keyframe gave "
-                f"{len(decoded)} frames, not the {stop - first} the packets hold"
+                f"{self.where}: decoding packets {first}..{stop - 1} from their keyframe did not "
+                f"give frames {missing}"
             )
         return frames
 

@@ -5,18 +5,16 @@ is split into members by slicing, with no tar parsing on the hot path. Everythin
 agree with (the manifest, the header, the rows, the videos' frame counts) is checked here, on
 admission, and every error names the shard and the episode.
 
-Frames are decoded when drawn, a GOP at a time (``decode.py`` says why). A GOP's other frames
-are kept (:class:`CameraFrames`) until the draws that use them are made, then dropped: with
-LeRobot's GOP 2 each frame is decoded about once and an episode holds only the frames of GOPs it
-has started and not finished, never more than the frames its rows use.
+Frames are decoded when drawn, from their GOP's keyframe (``decode.py`` says why), through the
+stream's byte-capped frame cache (``frame_cache.py``), which keeps the GOP's other frames only
+while the plan draws them soon: memory for decoded frames does not grow with the pool.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from concurrent.futures import Executor, Future
+from collections.abc import Hashable, Iterator, Mapping, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -32,65 +30,77 @@ from lerobot_shards.format import (
 )
 from lerobot_shards.items import EpisodeColumns, ItemSpec
 from lerobot_shards.reader.decode import Video
+from lerobot_shards.reader.frame_cache import FrameCache, Key, Pending
 from lerobot_shards.reader.rgb24 import to_rgb24, write_rgb24
 
 
 class CameraFrames:
-    """One camera of a resident episode: its :class:`Video` and the decoded frames still to draw.
+    """One camera of a resident episode: its :class:`Video`, decoded through a shared
+    :class:`~lerobot_shards.reader.frame_cache.FrameCache`.
 
-    ``uses[p]`` counts the draws still to come that show frame ``p`` (one per row, more with
-    ``delta_timestamps``); a frame is decoded with its GOP on first use and dropped on last.
-    :meth:`schedule` starts a GOP's decoding early, on a thread pool, for a draw that is coming;
+    A draw takes its frame from the cache, or decodes it (from its GOP's keyframe) and offers
+    the cache the GOP's other frames that the plan draws again soon. :meth:`schedule` starts a
+    draw's decode early, on a thread pool, holding its frames in the cache as placeholders;
     :meth:`take` then waits for it instead of decoding. A frame is held as an rgb24 tensor, or,
-    when its GOP was decoded for a draw written into a batch slot, as PyAV's decoded frame, to be
-    converted where it is drawn (``rgb24.py``).
+    when decoded for a batch slot, as PyAV's decoded frame, converted where it is drawn
+    (``rgb24.py``). Used from the iterating thread only (the cache is not thread-safe).
     """
 
-    def __init__(self, video: Video, uses: np.ndarray) -> None:
+    def __init__(self, video: Video, camera: str) -> None:
         self.video = video
-        self._uses = uses
-        self._frames: dict[int, Any] = {}
-        self._decoding: dict[int, Future] = {}  # GOP index -> its decoding, started ahead
-        self.nbytes = 0
-        """Bytes of the decoded frames held, each counted as rgb24 (not counting GOPs still
-        being decoded ahead)."""
+        self.camera = camera
+        self.cache: FrameCache | None = None
+        self.tag: Hashable = None
+
+    def attach(self, cache: FrameCache, tag: Hashable) -> None:
+        """Decode through ``cache``, under episode tag ``tag`` (the stream's name for it)."""
+        self.cache, self.tag = cache, tag
+
+    def key(self, position: int) -> Key:
+        """The cache key of frame ``position``."""
+        return (self.tag, self.camera, position)
 
     def schedule(self, position: int, decoder: Executor) -> None:
-        """Start decoding the GOP holding frame ``position`` on ``decoder``, unless the frame is
-        held or its GOP is already being decoded."""
-        if position in self._frames:
+        """Start decoding frame ``position`` on ``decoder``, with the GOP's other frames that
+        the cache will hold, unless it is held or the cache has no room for it."""
+        cache, video = self.cache, self.video
+        if cache.holds(self.key(position)):
             return
-        gop = self.video.gop_of(position)
-        if gop not in self._decoding:
-            self._decoding[gop] = decoder.submit(self.video.decode_gop, position)
+        pending = [Pending(position)]
+        if not cache.offer(self.key(position), pending[0], video.frame_bytes):
+            return
+        for p in video.gop_positions(position):
+            if p != position and not cache.holds(self.key(p)):
+                held = Pending(p)
+                if cache.offer(self.key(p), held, video.frame_bytes):
+                    pending.append(held)
+        future = decoder.submit(video.decode, position, [h.position for h in pending[1:]])
+        for held in pending:
+            held.future = future
 
     def take(self, position: int, out: torch.Tensor | None = None) -> torch.Tensor:
-        """Frame ``position`` (uint8 HWC), decoding its GOP if it is not held; counts one use.
+        """Frame ``position`` (uint8 HWC), from the cache or decoded; consumes one use.
 
         With ``out`` (a uint8 HWC tensor, such as a batch slot), the frame is written there and
         ``out`` returned: a GOP decoded for it keeps its frames unconverted until drawn.
         """
-        frames = self._frames
-        if position not in frames:
-            started = self._decoding.pop(self.video.gop_of(position), None)
-            if started is None:
-                decoded = self.video.decode_gop(position, rgb=out is None)
-            else:
-                decoded = started.result()
-            for p, frame in decoded.items():
-                if p == position or (self._uses[p] > 0 and p not in frames):
-                    frames[p] = frame
-                    self.nbytes += self._bytes(frame)
-        frame = frames[position]
-        self._uses[position] -= 1
-        if self._uses[position] <= 0:
-            del frames[position]
-            self.nbytes -= self._bytes(frame)
+        cache, video, key = self.cache, self.video, self.key(position)
+        frame = cache.take(key)
+        if frame is None:
+            keep = [
+                p
+                for p in video.gop_positions(position)
+                if p != position and cache.would_hold(self.key(p), video.frame_bytes)
+            ]
+            decoded = video.decode(position, keep, rgb=out is None)
+            frame = decoded.pop(position)
+            for p, other in decoded.items():
+                cache.offer(self.key(p), other, video.frame_bytes)
+            cache.offer(key, frame, video.frame_bytes)  # drawn again soon (delta_timestamps)
         if out is None:
             if not isinstance(frame, torch.Tensor):
                 frame = to_rgb24(frame)
-                if position in frames:  # drawn again later: convert once
-                    frames[position] = frame
+                cache.replace(key, frame)  # drawn again later: convert once
             return frame
         if isinstance(frame, torch.Tensor):
             # numpy copies on this thread; torch would wake its intra-op pool (see collate.py)
@@ -98,11 +108,6 @@ class CameraFrames:
         else:
             write_rgb24(frame, out)
         return out
-
-    def _bytes(self, frame: Any) -> int:
-        if isinstance(frame, torch.Tensor):
-            return frame.nbytes
-        return frame.width * frame.height * 3
 
 
 @dataclass
@@ -114,15 +119,23 @@ class Episode:
     columns: EpisodeColumns
     cameras: dict[str, CameraFrames]
     fetched: int
-    """Bytes fetched (the videos' packets are read from them in place)."""
+    """Bytes fetched (the videos' packets are read from them in place); decoded frames live in
+    the stream's frame cache."""
 
-    @property
-    def nbytes(self) -> int:
-        """Memory held now: fetched bytes plus the decoded frames not yet drawn."""
-        return self.fetched + sum(c.nbytes for c in self.cameras.values())
+    def attach(self, cache: FrameCache, tag: Hashable) -> None:
+        """Decode every camera through ``cache`` under episode tag ``tag``."""
+        for camera in self.cameras.values():
+            camera.attach(cache, tag)
+
+    def frame_keys(self, position: int, spec: ItemSpec) -> Iterator[Key]:
+        """The cache keys of the frames the item for row ``position`` shows, one per take."""
+        for key, positions in spec.video_positions(position, self.length).items():
+            camera = self.cameras[key]
+            for p in positions.tolist():
+                yield camera.key(p)
 
     def schedule(self, position: int, spec: ItemSpec, decoder: Executor) -> None:
-        """Start decoding, on ``decoder``, the GOPs the item for row ``position`` will show."""
+        """Start decoding, on ``decoder``, the frames the item for row ``position`` will show."""
         for key, positions in spec.video_positions(position, self.length).items():
             camera = self.cameras[key]
             for p in positions.tolist():
@@ -159,14 +172,6 @@ class Episode:
         return spec.build(self.columns, position, frames, tasks[task_index])
 
 
-def needed_range(spec: ItemSpec, key: str, start: int, stop: int, length: int) -> tuple[int, int]:
-    """Frame positions ``[lo, hi)`` of camera ``key`` that items for rows ``start:stop`` use."""
-    offsets = spec.deltas.get(key, np.zeros(1, dtype=np.int64))
-    lo = max(0, start + min(int(offsets.min()), 0))
-    hi = min(length, stop + max(int(offsets.max()), 0))
-    return lo, hi
-
-
 def load_episode(
     data: bytes,
     members: Mapping[str, tuple[int, int]],
@@ -176,16 +181,13 @@ def load_episode(
     shard: str,
     spec: ItemSpec,
     backend: str = "pyav",
-    rows: tuple[int, int] | None = None,
 ) -> Episode:
     """Split an episode's bytes into members, parse its rows and demux its videos (no decoding).
 
-    ``members`` maps member names to ``(offset within data, size)`` (``format.member_spans``);
-    ``rows = (start, stop)`` is the range of rows the caller will draw (default: all): each
-    decoded frame is kept until those rows' draws that show it are made.
+    ``members`` maps member names to ``(offset within data, size)`` (``format.member_spans``).
+    Before drawing, :meth:`Episode.attach` the stream's frame cache.
     """
     where = f"{shard} (episode {episode_index})"
-    start, stop = rows if rows is not None else (0, length)
 
     def member(name: str) -> memoryview:
         if name not in members:
@@ -215,7 +217,6 @@ def load_episode(
     columns = EpisodeColumns.from_table(table, spec.image_keys)
 
     cameras: dict[str, CameraFrames] = {}
-    drawn = np.arange(start, stop)
     for key in spec.video_keys:
         camera = header.cameras.get(key)
         if camera is None:
@@ -227,7 +228,5 @@ def load_episode(
             backend=backend,
             where=f"{where} camera {key}",
         )
-        offsets = spec.deltas.get(key, np.zeros(1, dtype=np.int64))
-        shown = np.clip(drawn[:, None] + offsets[None, :], 0, length - 1)  # as video_positions
-        cameras[key] = CameraFrames(video, np.bincount(shown.ravel(), minlength=length))
+        cameras[key] = CameraFrames(video, key)
     return Episode(episode_index, length, columns, cameras, len(data))

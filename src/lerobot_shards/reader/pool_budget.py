@@ -1,0 +1,107 @@
+"""How a rank's byte budget is shared out: per DataLoader worker, a frame cache and a pool.
+
+Each worker (each part of the plan) holds its own pool of fetched episodes and its own cache of
+decoded frames. A user's ``byte_budget_gb`` is meant as the memory those take, so each worker's
+equal share pays first for its frame cache (its share of ``frame_cache_gb``, but at most half
+the worker's share, and less if the largest episode needs the room) and the rest bounds the
+fetched, compressed episodes the planner admits. Compressed episodes are small (a few MB for
+hundreds of frames of three cameras), so a budget of a few hundred MB keeps a pool of dozens of
+episodes full; a budget that cannot is not an error but worth a warning with the numbers,
+since it quietly makes batches mix fewer episodes. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+
+GB = 10**9
+
+
+class SmallPoolWarning(UserWarning):
+    """The byte budget holds fewer episodes than ``buffer_size``: batches mix fewer episodes."""
+
+
+@dataclass(frozen=True)
+class PoolBudget:
+    """One part's budget: ``pool`` bytes of fetched episodes (None: no byte limit) and a frame
+    cache of ``cache`` bytes; ``fits`` typical (median-size) episodes fit in the pool, where the
+    part would hold ``wanted`` (``buffer_size``, or fewer if the part has fewer episodes)."""
+
+    pool: int | None
+    cache: int
+    fits: int | None
+    wanted: int
+    advice: str
+
+    def warn_if_small(self) -> None:
+        """Warn (:class:`SmallPoolWarning`) when the pool budget holds fewer than ``wanted``
+        typical episodes."""
+        if self.fits is not None and self.fits < self.wanted:
+            warnings.warn(self.advice, SmallPoolWarning, stacklevel=3)
+
+
+def split_budget(
+    byte_budget: int | None,
+    frame_cache: int,
+    *,
+    workers: int,
+    num_parts: int,
+    episode_bytes: np.ndarray,
+    episodes: np.ndarray,
+    buffer_size: int,
+) -> PoolBudget:
+    """The budget of each of a rank's ``workers`` parts (``num_parts`` over all ranks).
+
+    ``byte_budget`` and ``frame_cache`` are the rank's; ``episode_bytes[i]`` is what episode
+    ``episodes[i]`` costs resident (its fetched bytes). Raises ``ValueError``, naming the
+    episode, if one episode alone exceeds a worker's share.
+    """
+    sizes = np.asarray(episode_bytes, dtype=np.int64)
+    cache = int(frame_cache) // workers
+    wanted = min(buffer_size, max(1, math.ceil(len(sizes) / max(1, num_parts))))
+    if byte_budget is None or not len(sizes):
+        return PoolBudget(None, cache, None, wanted, "")
+    share = int(byte_budget) // workers
+    largest = int(np.argmax(sizes))
+    if sizes[largest] > share:
+        over = np.flatnonzero(sizes > share)
+        first = over[np.argmin(np.asarray(episodes)[over])]
+        split = f" split over the rank's {workers} DataLoader workers" if workers > 1 else ""
+        raise ValueError(
+            f"Episode {int(episodes[first])} is {int(sizes[first])} bytes, more than the "
+            f"byte budget of {share} bytes per worker (byte_budget_gb={byte_budget / GB:g}"
+            f"{split}): raise byte_budget_gb or use fewer workers"
+        )
+    cache = max(0, min(cache, share // 2, share - int(sizes[largest])))
+    pool = share - cache
+    median = max(1, int(np.median(sizes)))
+    fits = pool // median
+    typical = wanted * median
+    needed = (typical + min(int(frame_cache) // workers, typical)) * workers
+    advice = (
+        f"byte_budget_gb={byte_budget / GB:g} gives each of the rank's {workers} DataLoader "
+        f"worker(s) {_size(share)}: {_size(cache)} of frame cache and {_size(pool)} for fetched "
+        f"episodes, which holds about {fits} episodes of the median {_size(median)}, fewer than "
+        f"the {wanted} the pool would hold (buffer_size={buffer_size}), so batches mix fewer "
+        f"episodes; byte_budget_gb={_round_up(needed / GB):g} keeps the pool full"
+    )
+    return PoolBudget(pool, cache, int(fits), wanted, advice)
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n} bytes"
+
+
+def _round_up(x: float) -> float:
+    """``x`` rounded up to two significant digits."""
+    if x <= 0:
+        return 0.0
+    scale = 10 ** (math.floor(math.log10(x)) - 1)
+    return round(math.ceil(x / scale) * scale, 12)
