@@ -15,8 +15,9 @@ def naive_decodes(draws: list[list[int]], capacity: int, gop: int) -> list[tuple
     frame not held is decoded, and its GOP mates (frames with the same ``frame // gop``) are
     offered along with it; an offer is held if the frame is drawn again and room can be made by
     dropping held frames drawn strictly later (latest first; among equals, the one whose next
-    use was set first); the draw's own frames always fit. Returns ``(draw, frame)`` of each
-    decode."""
+    use was set first); the draw's own frames always fit, and a frame taken and kept for a
+    later draw drops the latest-used held frames until back under the cap. Returns ``(draw,
+    frame)`` of each decode."""
     uses = [(d, f) for d, frames in enumerate(draws) for f in frames]
     held: dict[int, int] = {}  # frame -> when its next use was set
     decodes = []
@@ -44,6 +45,11 @@ def naive_decodes(draws: list[list[int]], capacity: int, gop: int) -> list[tuple
                 del held[frame]
             else:
                 held[frame] = next(clock)
+                while len(held) > capacity:  # back under the cap, but the draw's frames stay
+                    latest = max(held, key=lambda f: (next_use(f, i + 1), -held[f]))
+                    if next_use(latest, i + 1) <= d:
+                        break
+                    del held[latest]
             continue
         decodes.append((d, frame))
         mates = [m for m in range(frame // gop * gop, frame // gop * gop + gop) if m != frame]
@@ -78,7 +84,7 @@ def cached_decodes(draws: list[list[int]], capacity: int, gop: int) -> list[tupl
     return decodes
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=500, deadline=None)
 @given(
     draws=st.lists(st.lists(st.integers(0, 11), min_size=1, max_size=3), max_size=40),
     capacity=st.integers(0, 6),

@@ -11,7 +11,8 @@ dropped frame is decoded again when its draw comes.
 The stream registers each draw's frames ahead of consuming them (:meth:`FrameCache.expect`),
 so every :meth:`FrameCache.take` consumes the earliest registered use of its key. Draws are
 numbered in stream order; :attr:`FrameCache.now` is the draw being built, whose own frames are
-always kept until used (an item may show several frames of one GOP), even past the cap.
+always kept until used (an item may show several frames of one GOP), even past the cap; once
+taken, a frame kept for a later draw must fit under the cap again.
 
 Frames decoded ahead on threads (``decode.py``) are held as placeholders (the decode's future
 and the frame's position in its result) from the moment they are scheduled, so the cap bounds
@@ -104,6 +105,7 @@ class FrameCache:
         else:
             self._held[key] = (value, nbytes)
             self._push(key, after)
+            self._shrink()
         return value
 
     def replace(self, key: Key, frame: Any) -> None:
@@ -164,6 +166,16 @@ class FrameCache:
                 return heap[0]
             heapq.heappop(heap)  # stale: dropped, or pushed again with a new next use
         return None
+
+    def _shrink(self) -> None:
+        """Back within the cap after a taken frame is kept for a later draw: drop frames used
+        latest, except the current draw's and those still being decoded."""
+        while self.nbytes > self.capacity:
+            top = self._latest()
+            if top is None or -top[0] <= self.now or isinstance(self._held[top[2]][0], Pending):
+                return
+            heapq.heappop(self._heap)
+            self.nbytes -= self._held.pop(top[2])[1]
 
     def _make_room(self, nbytes: int, when: int) -> bool:
         """Drop frames whose next use is after ``when`` (latest first) until ``nbytes`` fit;
