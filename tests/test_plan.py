@@ -90,8 +90,9 @@ def test_first_draws_cuts_the_runs_at_n():
 
 
 def test_whole_order_of_a_small_case():
-    """Pinned: the order of issue 4's algorithm (and so of every later version) for this case."""
-    expected = [(5, 0), (5, 1), (2, 0), (7, 0), (5, 2), (7, 1), (5, 3), (0, 1), (0, 2), (0, 0)]
+    """Pinned: the order of the pool's rule (a uniformly picked resident) for this case, so a
+    change of order (which would resume old checkpoints into another order) cannot go unseen."""
+    expected = [(5, 0), (5, 1), (2, 0), (7, 0), (7, 1), (5, 2), (5, 3), (0, 1), (0, 2), (0, 0)]
     reference = reference_draws(COUNTS, SIZES, buffer_size=2, byte_budget=60, seed=0, epoch=0)
     assert reference == expected
     pieces = one_part(COUNTS)

@@ -5,26 +5,23 @@ plain linear walk; :func:`plan_part` produces the same order draw for draw, fast
 millions of draws on resume, and reports what it admits (so the reader can prefetch) and evicts
 (so it can release bytes).
 
+A draw picks a resident episode uniformly, then the next of its shuffled frames. Picking in
+proportion to the frames left (a uniformly random resident frame) was the first rule; it wastes
+the pool: an episode's frames then run out ever more slowly, so the pool fills with nearly spent
+episodes that are rarely drawn, and a batch of 32 from 64 residents mixed about 21 episodes
+instead of the 25 of uniform picks (16 residents: 9 instead of 14). Every frame is still drawn
+exactly once, whatever the rule.
+
 How the fast planner reproduces the walk. Between two evictions no episode is admitted, so the
-resident set and the random stream are fixed: the next ``k`` targets are one call
-``rng.integers([R, R-1, ..., R-k+1])`` (numpy returns the same values and leaves the generator in
-the same state as ``k`` scalar calls). Lay the residents' remaining frames end to end in
-resident order, one token per frame: the walk picks the token at index ``target`` of that list
-and removes one token of the episode it falls in. Which token is removed does not change any
-later answer, so each draw is "select the t-th surviving token and delete it". Its position in
-the batch's starting layout comes from a binary search over the few tokens the batch removed so
-far, and its resident slot from the prefix sums of the remaining counts taken at the batch
-start: one ``searchsorted`` places every target of the batch, and a draw's position lies no
-further on than the number of tokens removed before it, so its slot is that one or rarely one
-or two after. O(log k) per draw in C (``bisect``), with no walk over the residents. The
-planner does not know in advance which draw will empty an episode, so it draws a batch of
-targets speculatively, stops at the first draw that empties an episode, rewinds the generator
-and draws just the targets it used again.
+number of residents ``n`` and the random stream are fixed: the next ``k`` picks are one call
+``rng.integers([n] * k)`` (numpy returns the same values and leaves the generator in the same
+state as ``k`` scalar calls). The planner does not know in advance which draw will empty an
+episode, so it draws a batch of picks speculatively, stops at the first draw that empties an
+episode, rewinds the generator and draws just the picks it used again.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_right
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import NamedTuple
 
@@ -35,7 +32,6 @@ from lerobot_shards.reader.partition import Piece, Pieces
 _NEVER = np.iinfo(np.int64).max
 _MIN_BATCH = 16
 _MAX_BATCH = 512
-_DENSITY = 16  # a batch removes at most 1/8 of the tokens it starts with
 
 
 class Admit(NamedTuple):
@@ -159,7 +155,7 @@ def iter_reference_draws(
     seed: int,
     epoch: int,
 ) -> Iterator[tuple[int, int]]:
-    """The exact-coverage pool of issue 4, verbatim: the ``(episode, frame)`` draws of one epoch.
+    """The exact-coverage pool, plainly: the ``(episode, frame)`` draws of one epoch.
 
     1. ``counts`` maps each selected episode to its frame count (episodes with no frame are
        left out); ``rng = numpy.random.default_rng([seed, epoch])``.
@@ -170,15 +166,15 @@ def iter_reference_draws(
        budget, the first); if none fits, stop. The admitted episode gets ``frames =
        arange(count)`` (int64) shuffled by ``rng.shuffle`` and joins the end of the resident
        order.
-    4. Draw: ``target = int(rng.integers(remaining_total))``; walk the residents in resident
-       order, subtracting each one's remaining count, to the episode with ``target <
-       remaining``; its remaining count drops by one and the frame is ``frames[remaining]``. An
+    4. Draw: the resident at position ``int(rng.integers(len(resident)))`` of the resident
+       order; its remaining count drops by one and the frame is ``frames[remaining]``. An
        episode whose last frame was drawn is evicted (its bytes released) and admission runs
        again. The epoch ends when nothing is pending or resident.
     5. An episode larger than the whole budget is a ``ValueError`` (:func:`check_budget`).
 
-    A draw costs O(buffer_size): this is the slow, obviously correct statement kept for tests
-    and the benchmark; :func:`plan_part` is the fast equivalent.
+    One Python step per draw, a scan of the pending list per admission under a budget: the
+    slow, obviously correct statement kept for tests and the benchmark; :func:`plan_part` is
+    the fast equivalent.
     """
     sizes = dict(piece_bytes or {})
     if byte_budget is not None:
@@ -189,10 +185,9 @@ def iter_reference_draws(
     pending = order.tolist()
     resident: list[list] = []  # [episode, frames, remaining]
     used = 0
-    remaining_total = 0
 
     def admit() -> None:
-        nonlocal used, remaining_total
+        nonlocal used
         while len(resident) < buffer_size and pending:
             for episode in pending:
                 if byte_budget is None or used + sizes[episode] <= byte_budget:
@@ -204,17 +199,11 @@ def iter_reference_draws(
             rng.shuffle(frames)
             resident.append([episode, frames, counts[episode]])
             used += sizes.get(episode, 0)
-            remaining_total += counts[episode]
 
     admit()
     while resident:
-        target = int(rng.integers(remaining_total))
-        for entry in resident:
-            if target < entry[2]:
-                break
-            target -= entry[2]
+        entry = resident[int(rng.integers(len(resident)))]
         entry[2] -= 1
-        remaining_total -= 1
         yield entry[0], int(entry[1][entry[2]])
         if entry[2] == 0:
             resident.remove(entry)
@@ -262,13 +251,12 @@ class _FirstFit:
 
 
 class _Pool:
-    """State of the fast pool: resident slots in admission order and the frame arena.
+    """State of the fast pool: the residents in admission order and the frame arena.
 
-    Slot ``s`` holds piece ``piece[s]`` with ``rem[s]`` frames left, whose shuffled frame
+    Resident ``s`` is piece ``piece[s]`` with ``rem[s]`` frames left, whose shuffled frame
     positions are ``arena[off[s] : off[s] + count]``; the walk's ``frames[remaining]`` is
-    ``arena[off[s] + remaining]``. Emptied slots stay in place (remaining 0, so the prefix
-    search skips them) until they outnumber the pool by a quarter; then the live
-    ones are packed to the front, keeping their order.
+    ``arena[off[s] + remaining]``. An evicted piece leaves the lists at once (its frames stay in
+    the arena until the arena is packed, which padding relies on).
     """
 
     def __init__(
@@ -295,13 +283,11 @@ class _Pool:
             self.first_fit = _FirstFit(sizes[order])
             self.taken = bytearray(len(order))
         self.used_bytes = 0
-        most = max(1, min(buffer_size, len(order)))
-        self.max_slots = most + max(8, most // 4)
         self.piece: list[int] = []
         self.off: list[int] = []
         self.rem: list[int] = []
-        self.resident = 0
         self.total = 0  # remaining frames over the residents
+        most = max(1, min(buffer_size, len(order)))
         # Room for the first pool twice over, so filling it does not grow the arena step by step.
         first_pool = int(counts[order[:most]].sum()) if len(order) else 0
         self.arena = np.empty(max(1024, 2 * first_pool), dtype=np.int64)
@@ -314,15 +300,19 @@ class _Pool:
     def pending(self) -> bool:
         return self.head < len(self.order)
 
+    @property
+    def resident(self) -> int:
+        return len(self.piece)
+
     def live_pieces(self) -> list[int]:
         """Resident pieces in resident (admission) order."""
-        return [p for p, r in zip(self.piece, self.rem, strict=True) if r]
+        return list(self.piece)
 
     def admit(self) -> list[int]:
         """Run admission; returns the admitted pieces in order."""
         admitted = []
         order = self.order
-        while self.resident < self.buffer_size and self.head < len(order):
+        while len(self.piece) < self.buffer_size and self.head < len(order):
             at = self.head
             if self.first_fit is None:
                 self.head += 1
@@ -344,11 +334,6 @@ class _Pool:
 
     def _place(self, piece: int) -> None:
         count = self.counts[piece]
-        if len(self.piece) == self.max_slots:
-            live = [s for s, r in enumerate(self.rem) if r]
-            self.piece = [self.piece[s] for s in live]
-            self.off = [self.off[s] for s in live]
-            self.rem = [self.rem[s] for s in live]
         if self.top + count > len(self.arena):
             self._pack_arena(count)
         frames = self.arena[self.top : self.top + count]
@@ -358,101 +343,73 @@ class _Pool:
         self.off.append(self.top)
         self.rem.append(count)
         self.top += count
-        self.resident += 1
         self.total += count
 
     def _pack_arena(self, need: int) -> None:
-        """Move the live slots' frames to the front (whole, as padding replays drawn ones)."""
-        live = [s for s, r in enumerate(self.rem) if r]
-        sizes = np.array([self.counts[self.piece[s]] for s in live], dtype=np.int64)
+        """Move the residents' frames to the front (whole, as padding replays drawn ones)."""
+        sizes = np.array([self.counts[p] for p in self.piece], dtype=np.int64)
         kept = int(sizes.sum())
         arena = np.empty(max(len(self.arena), 2 * (kept + need)), dtype=np.int64)
         new_off = np.cumsum(sizes) - sizes
         if kept:
-            old_off = np.array([self.off[s] for s in live], dtype=np.int64)
+            old_off = np.array(self.off, dtype=np.int64)
             arena[:kept] = self.arena[np.repeat(old_off - new_off, sizes) + np.arange(kept)]
-        for s, o in zip(live, new_off.tolist(), strict=True):
-            self.off[s] = o
+        self.off = new_off.tolist()
         self.arena = arena
         self.top = kept
 
-    def step(self, limit: int) -> tuple[list[int], list[int], int]:
+    def step(self, limit: int, emit: bool = True) -> tuple[int, Draws | None, int]:
         """Make up to ``limit`` draws, stopping after the first that empties a resident.
 
-        Returns the slots drawn, each draw's remaining count after it (the walk's index into
-        the slot's frames) and the piece evicted by the last draw (-1 if none). The eviction's
-        bookkeeping is done; admission is not.
-
-        The targets of the whole batch come from one ``integers`` call with bounds ``R, R-1,
-        ...``. Lay the residents' remaining frames end to end as tokens; each target ``t``
-        picks the ``t``-th surviving token, whose position ``p`` in the batch's starting layout
-        is ``t + #{removed <= p}``: step over the sorted removed positions from the first one
-        after ``t``. A batch removes few of the tokens, so the stepping nearly always stops at
-        once. ``p``'s slot, in the prefix sums taken at the batch start, is at or after ``t``'s
-        (found for the whole batch by one ``searchsorted``): step to it, rarely more than one
-        slot. If a draw empties a slot before the batch ends, the generator is rewound and only
-        the draws made are drawn again.
+        Returns the number of draws made, them as a run (None with ``emit=False``) and the
+        piece evicted by the last draw (-1 if none). The eviction's bookkeeping is done;
+        admission is not. The picks of the whole batch come from one ``integers`` call; if a
+        draw empties a resident before the batch ends, the generator is rewound and only the
+        picks used are drawn again.
         """
-        total = self.total
-        k = min(total, limit, self.batch, max(_MIN_BATCH, total // _DENSITY))
-        bounds = np.arange(total, total - k, -1, dtype=np.int64)
+        n = len(self.piece)
+        k = min(self.total, limit, self.batch)
+        bounds = np.full(k, n, dtype=np.int64)
         bitgen = self.rng.bit_generator
         saved = bitgen.state
+        picks = self.rng.integers(bounds).tolist()
         rem = self.rem
-        prefix_array = np.cumsum(np.fromiter(rem, np.int64, len(rem)))
-        targets = self.rng.integers(bounds)
-        slot_of_target = np.searchsorted(prefix_array, targets, side="right").tolist()
-        prefix = prefix_array.tolist()
-        removed: list[int] = [_NEVER]  # a sentinel above every position ends the stepping
-        insert, search = removed.insert, bisect_right
-        slots: list[int] = []
         lefts: list[int] = []
-        add_slot, add_left = slots.append, lefts.append
+        add_left = lefts.append
         s, left = -1, -1
-        for t, s in zip(targets.tolist(), slot_of_target, strict=True):
-            i = search(removed, t)
-            p = t + i
-            while removed[i] <= p:
-                i += 1
-                p += 1
-            insert(i, p)
-            while prefix[s] <= p:  # p < total = prefix[-1]: this stops inside the list
-                s += 1
+        for s in picks:
             left = rem[s] - 1
             rem[s] = left
-            add_slot(s)
             add_left(left)
             if not left:
                 break
-        made = len(slots)
+        made = len(lefts)
         self.total -= made
-        evicted = -1
+        draws = None
+        if emit:
+            slots = np.array(picks[:made], dtype=np.int64)
+            pieces = np.array(self.piece, dtype=np.int64)[slots]
+            index = np.array(self.off, dtype=np.int64)[slots] + np.array(lefts, dtype=np.int64)
+            draws = Draws(pieces, self.arena[index] + self.starts[pieces])
         if left:
             self.batch = min(_MAX_BATCH, 2 * self.batch)
-        else:
-            evicted = self.piece[s]
-            if made < k:
-                bitgen.state = saved
-                self.rng.integers(bounds[:made])
-            self.batch = max(_MIN_BATCH, 2 * made)
-            self.resident -= 1
-            if self.sizes is not None:
-                self.used_bytes -= self.sizes[evicted]
-            self.last = (evicted, self.off[s])
-        return slots, lefts, evicted
-
-    def draws(self, slots: list[int], lefts: list[int]) -> Draws:
-        """The pieces and frames (positions within the episode) of the draws of one step."""
-        pieces = np.array([self.piece[s] for s in slots], dtype=np.int64)
-        index = np.array([self.off[s] for s in slots], dtype=np.int64)
-        index += np.array(lefts, dtype=np.int64)
-        return Draws(pieces, self.arena[index] + self.starts[pieces])
+            return made, draws, -1
+        evicted = self.piece[s]
+        if made < k:
+            bitgen.state = saved
+            self.rng.integers(bounds[:made])
+        self.batch = max(_MIN_BATCH, 2 * made)
+        if self.sizes is not None:
+            self.used_bytes -= self.sizes[evicted]
+        self.last = (evicted, self.off[s])
+        del self.piece[s], self.off[s], self.rem[s]
+        return made, draws, evicted
 
     def skip(self, draws: int) -> None:
         """Advance ``draws`` draws, with their evictions and admissions, emitting nothing."""
         while draws > 0 and self.total > 0:
-            slots, _, evicted = self.step(draws)
-            draws -= len(slots)
+            made, _, evicted = self.step(draws, emit=False)
+            draws -= made
             if evicted >= 0:
                 self.admit()
 
@@ -536,8 +493,8 @@ def _plan_shuffled(pool: _Pool, real: int, samples: int, start: int) -> Iterator
     for piece in admitted:
         yield Admit(piece)
     while pool.total:
-        slots, lefts, evicted = pool.step(_MAX_BATCH)
-        yield pool.draws(slots, lefts)
+        _, draws, evicted = pool.step(_MAX_BATCH)
+        yield draws
         if evicted < 0:
             continue
         if not pool.resident and not pool.pending and samples > real:
