@@ -1,5 +1,5 @@
 """The byte budget: per rank, shared out over its DataLoader workers; each worker's share pays
-for its frame cache (at most half the share) and the rest bounds its fetched episodes. An episode
+first for a full pool of fetched episodes and the frame cache gets what is left. An episode
 too large for a share is refused by name, a budget that starves the pool is warned about, and a
 checkpoint taken under the split resumes (elastically) under another worker count."""
 
@@ -32,11 +32,16 @@ def sizes(av1) -> dict[int, int]:
     )
 
 
-def split(budget: int, cache: int, workers: int, largest: int) -> tuple[int, int]:
-    """(pool budget, frame cache) of one worker's part, as the README states the rule."""
+def split(budget: int, cache: int, workers: int, full_pool: int) -> tuple[int, int]:
+    """(pool budget, frame cache) of one worker's part, as the README states the rule, where
+    ``full_pool`` is what the ``buffer_size`` largest episodes take."""
     share = budget // workers
-    part_cache = min(cache // workers, share // 2, share - largest)
+    part_cache = max(0, min(cache // workers, share - full_pool))
     return share - part_cache, part_cache
+
+
+def largest(sizes: dict[int, int], n: int) -> int:
+    return sum(sorted(sizes.values())[-n:])
 
 
 def test_budget_holds_compressed_episodes_and_the_cache(av1, sizes):
@@ -45,8 +50,8 @@ def test_budget_holds_compressed_episodes_and_the_cache(av1, sizes):
         av1, byte_budget_gb=budget / 1e9, frame_cache_gb=cache / 1e9, buffer_size=4
     )
     assert sorted(int(item["index"]) for item in ds) == list(range(FRAMES))
-    pool, part_cache = split(budget, cache, 1, max(sizes.values()))
-    assert part_cache == budget // 2  # the cache takes at most half of the share
+    pool, part_cache = split(budget, cache, 1, largest(sizes, 4))
+    assert pool == largest(sizes, 4)  # a full pool first, the rest is frame cache
     assert ds.state_dict()["byte_budget"] == pool
     stats = ds.memory_stats()
     assert max(sizes.values()) <= stats["peak_budget_bytes"] <= pool
@@ -56,7 +61,7 @@ def test_budget_holds_compressed_episodes_and_the_cache(av1, sizes):
 
 def test_each_worker_gets_its_share(av1, sizes):
     budget = 12 * max(sizes.values())
-    pool, part_cache = split(budget, int(0.5e9), 2, max(sizes.values()))
+    pool, part_cache = split(budget, int(0.5e9), 2, largest(sizes, 3))
     # Worker 0 of 2 (the layout ds.num_workers says), streamed in process to read its stats.
     ds = ShardedLeRobotDataset(av1, byte_budget_gb=budget / 1e9, buffer_size=4)
     ds.num_workers = 2
@@ -94,7 +99,7 @@ def test_an_episode_larger_than_a_share_is_refused_by_name(av1, sizes):
     # In process, one part: the whole budget holds the largest episode and nothing else, so the
     # frame cache gets no room and every frame is still yielded, decoded when drawn.
     ds.num_workers = 0
-    with pytest.warns(SmallPoolWarning, match=r"fewer than the 6 the pool would hold"):
+    with pytest.warns(SmallPoolWarning, match=r"less than the .* the 6 largest take"):
         assert sorted(int(item["index"]) for item in ds) == list(range(FRAMES))
     # Past the (empty) cap, only the frames of the draw being built: one per camera.
     assert ds.memory_stats()["peak_frame_cache_bytes"] <= 3 * (40 * 56 + 24 * 32)
@@ -106,7 +111,8 @@ def test_a_budget_that_starves_the_pool_warns_with_numbers(av1, sizes):
     with pytest.warns(SmallPoolWarning) as caught:
         iter(tight)
     message = str(caught[0].message)
-    assert "fetched episodes, which holds about" in message and "buffer_size=6" in message
+    assert "for fetched episodes, less than the" in message and "buffer_size=6" in message
+    assert "it holds about 4 of the median" in message
     # The budget the warning advises keeps the pool full: no warning.
     advised = float(message.rsplit("byte_budget_gb=", 1)[1].split()[0])
     roomy = ShardedLeRobotDataset(av1, byte_budget_gb=advised, buffer_size=6)
@@ -125,7 +131,7 @@ def test_checkpoint_under_the_split_resumes_under_one_worker(av1, sizes):
         if len(taken) == 12:
             break
     state = ds.state_dict(num_samples=len(taken), batch_size=4)
-    pool, _ = split(budget, int(0.5e9), 2, max(sizes.values()))
+    pool, _ = split(budget, int(0.5e9), 2, largest(sizes, 3))
     assert (state["num_workers"], state["byte_budget"]) == (2, pool)
     resumed = ShardedLeRobotDataset(av1, byte_budget_gb=budget / 1e9, buffer_size=4, seed=3)
     resumed.load_state_dict(state)

@@ -169,11 +169,12 @@ class ShardedLeRobotDataset(IterableDataset):
     shared out over its DataLoader workers, which keeps the frames the plan draws soonest and
     decodes again what it dropped: memory for frames does not grow with pool size or episode
     length. ``byte_budget_gb`` bounds each rank's fetched (compressed) episodes, resident plus
-    prefetched, *and* its frame caches: each worker's equal share pays for its cache (at most
-    half the share) and the rest for episodes, so a budget of a few hundred MB holds hundreds of
-    compressed episodes. An episode is refused only if its bytes alone exceed a worker's share;
-    a budget that holds fewer than ``buffer_size`` typical episodes is warned about. Batches in
-    flight in the DataLoader are outside the budget. ``repeat=True`` streams epoch after epoch.
+    prefetched, *and* its frame caches: each worker's equal share pays first for a full pool
+    (its ``buffer_size`` largest episodes) and the frame cache gets what is left, so a budget of
+    a few hundred MB holds hundreds of compressed episodes. An episode is refused only if its
+    bytes alone exceed a worker's share; a budget that cannot hold a full pool is warned about.
+    Batches in flight in the DataLoader are outside the budget. ``repeat=True`` streams epoch
+    after epoch.
     ``delta_timestamps``, ``tolerance_s``, ``image_transforms``, ``return_uint8`` and
     ``video_backend`` shape items as in LeRobot. ``pad=False`` turns off the padding that gives
     every rank and worker the same number of samples (for evaluation).

@@ -1,13 +1,15 @@
 """How a rank's byte budget is shared out: per DataLoader worker, a frame cache and a pool.
 
 Each worker (each part of the plan) holds its own pool of fetched episodes and its own cache of
-decoded frames. A user's ``byte_budget_gb`` is meant as the memory those take, so each worker's
-equal share pays first for its frame cache (its share of ``frame_cache_gb``, but at most half
-the worker's share, and less if the largest episode needs the room) and the rest bounds the
-fetched, compressed episodes the planner admits. Compressed episodes are small (a few MB for
-hundreds of frames of three cameras), so a budget of a few hundred MB keeps a pool of dozens of
-episodes full; a budget that cannot is not an error but worth a warning with the numbers,
-since it quietly makes batches mix fewer episodes. Pure: no I/O.
+decoded frames. A user's ``byte_budget_gb`` is meant as the memory those take. Mixing is what the
+pool is for and the cache only saves decoding, so each worker's equal share pays first for a
+full pool (the ``buffer_size`` largest episodes, compressed) and the frame cache gets what is
+left, up to the worker's share of ``frame_cache_gb``; anything still left also goes to the pool.
+Compressed episodes are small (a few MB for hundreds of frames of three cameras), so a budget of
+a few hundred MB keeps a pool of dozens of episodes full; a budget that cannot is not an error
+but worth a warning with the numbers, since it quietly makes batches mix fewer episodes. A cache
+squeezed to nothing is still exact: each GOP is then decoded again for each of its frames.
+Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -28,19 +30,16 @@ class SmallPoolWarning(UserWarning):
 @dataclass(frozen=True)
 class PoolBudget:
     """One part's budget: ``pool`` bytes of fetched episodes (None: no byte limit) and a frame
-    cache of ``cache`` bytes; ``fits`` typical (median-size) episodes fit in the pool, where the
-    part would hold ``wanted`` (``buffer_size``, or fewer if the part has fewer episodes)."""
+    cache of ``cache`` bytes; ``advice`` is non-empty when the pool cannot hold ``buffer_size``
+    episodes (what the warning says)."""
 
     pool: int | None
     cache: int
-    fits: int | None
-    wanted: int
-    advice: str
+    advice: str = ""
 
     def warn_if_small(self) -> None:
-        """Warn (:class:`SmallPoolWarning`) when the pool budget holds fewer than ``wanted``
-        typical episodes."""
-        if self.fits is not None and self.fits < self.wanted:
+        """Warn (:class:`SmallPoolWarning`) when the pool budget cannot hold a full pool."""
+        if self.advice:
             warnings.warn(self.advice, SmallPoolWarning, stacklevel=3)
 
 
@@ -64,7 +63,7 @@ def split_budget(
     cache = int(frame_cache) // workers
     wanted = min(buffer_size, max(1, math.ceil(len(sizes) / max(1, num_parts))))
     if byte_budget is None or not len(sizes):
-        return PoolBudget(None, cache, None, wanted, "")
+        return PoolBudget(None, cache)
     share = int(byte_budget) // workers
     largest = int(np.argmax(sizes))
     if sizes[largest] > share:
@@ -76,20 +75,24 @@ def split_budget(
             f"byte budget of {share} bytes per worker (byte_budget_gb={byte_budget / GB:g}"
             f"{split}): raise byte_budget_gb or use fewer workers"
         )
-    cache = max(0, min(cache, share // 2, share - int(sizes[largest])))
+    wanted = min(buffer_size, max(1, math.ceil(len(sizes) / max(1, num_parts))))
+    full_pool = int(np.sort(sizes)[-wanted:].sum())  # any ``wanted`` episodes fit in it
+    cache = max(0, min(cache, share - full_pool))
     pool = share - cache
+    if pool >= full_pool:
+        return PoolBudget(pool, cache)
     median = max(1, int(np.median(sizes)))
-    fits = pool // median
-    typical = wanted * median
-    needed = (typical + min(int(frame_cache) // workers, typical)) * workers
+    full = _round_up(full_pool * workers / GB)
+    with_cache = _round_up((full_pool + int(frame_cache) // workers) * workers / GB)
     advice = (
         f"byte_budget_gb={byte_budget / GB:g} gives each of the rank's {workers} DataLoader "
-        f"worker(s) {_size(share)}: {_size(cache)} of frame cache and {_size(pool)} for fetched "
-        f"episodes, which holds about {fits} episodes of the median {_size(median)}, fewer than "
-        f"the {wanted} the pool would hold (buffer_size={buffer_size}), so batches mix fewer "
-        f"episodes; byte_budget_gb={_round_up(needed / GB):g} keeps the pool full"
+        f"worker(s) {_size(share)} for fetched episodes, less than the {_size(full_pool)} the "
+        f"{wanted} largest take, as many as the pool would hold (buffer_size={buffer_size}): it "
+        f"holds about {pool // median} of the median {_size(median)}, so batches may mix fewer "
+        f"episodes, and no frame cache is left; byte_budget_gb={full:g} keeps the pool full, "
+        f"{with_cache:g} also the whole frame cache (frame_cache_gb={frame_cache / GB:g})"
     )
-    return PoolBudget(pool, cache, int(fits), wanted, advice)
+    return PoolBudget(pool, cache, advice)
 
 
 def _size(n: int) -> str:
