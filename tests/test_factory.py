@@ -319,3 +319,30 @@ def test_bad_arguments_are_refused(tmp_path):
         make_dataset(tmp_path / "c", cameras={"observation.images.x": (15, 16)})
     with pytest.raises(ValueError, match="unknown frame content"):
         frame_content(0, 0, 8, 8, "noise")
+
+
+def test_video_variants_share_encodings_between_equal_length_episodes(tmp_path):
+    from lerobot_shards.source import LeRobotSource
+
+    key = "observation.images.a"
+    root = make_dataset(
+        tmp_path / "v",
+        episode_lengths=[6, 6, 6, 8, 6],
+        cameras={key: (16, 24)},
+        content="realistic",
+        video_variants=2,
+    )
+    source = LeRobotSource(str(root), return_uint8=True)
+    starts = [0, 6, 12, 18, 26]
+
+    def frames(episode: int) -> np.ndarray:
+        return np.stack([source[starts[episode] + f][key].numpy() for f in range(6)])
+
+    # Episodes 0, 2 and 4 are variant 0 of length 6: one encoding, episode 0's frames.
+    assert np.array_equal(frames(2), frames(0)) and np.array_equal(frames(4), frames(0))
+    assert not np.array_equal(frames(1), frames(0))  # variant 1: its own
+    # Episode 3 is variant 1 but 8 frames long: its own encoding, all 8 frames there.
+    assert source[starts[3] + 7][key].shape == (3, 16, 24)
+    assert int(source[starts[2] + 1]["frame_index"]) == 1  # rows still the episode's own
+    with pytest.raises(ValueError, match="video_variants"):
+        make_dataset(tmp_path / "w", version="v2.1", video_variants=2)

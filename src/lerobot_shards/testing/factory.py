@@ -86,6 +86,7 @@ def make_dataset(
     chunks_size: int = 1000,
     content: str = "blocks",
     seed: int = 0,
+    video_variants: int | None = None,
 ) -> Path:
     """Write a LeRobot dataset at ``root`` (which must not exist or be empty) and return its path.
 
@@ -93,12 +94,19 @@ def make_dataset(
     the parquet instead. ``tasks`` gives one task string per episode. Frames are
     ``frame_content(episode, frame, height, width, content, seed)``; ``observation.state`` is
     ``state_value(episode, frame)`` and ``action`` is that minus 0.25.
+
+    ``video_variants=k`` (v3.0; for benchmarks, where encoding hundreds of long episodes would
+    take hours): episodes of equal length and equal ``episode % k`` share one encoding per
+    camera, showing the frames of the first of them (and their statistics say so). Sizes and
+    decoding costs stay those of distinct recordings; frames no longer follow ``episode``.
     """
     root = Path(root)
     if root.exists() and (not root.is_dir() or any(root.iterdir())):
         raise FileExistsError(f"{root}: refusing to write a dataset into a non-empty path")
     if version not in ("v3.0", "v2.1"):
         raise ValueError(f"unknown LeRobot version {version!r}; expected v3.0 or v2.1")
+    if video_variants is not None and (video_variants < 1 or version != "v3.0"):
+        raise ValueError(f"video_variants must be a positive int with v3.0, got {video_variants}")
     if content not in CONTENTS:
         raise ValueError(f"unknown frame content {content!r}; expected one of {CONTENTS}")
     lengths = [int(n) for n in episode_lengths]
@@ -129,6 +137,7 @@ def make_dataset(
         chunks_size=int(chunks_size),
         content=content,
         seed=int(seed),
+        video_variants=video_variants,
     )
     root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=root, prefix=".factory-") as scratch:
@@ -159,6 +168,7 @@ class _Spec:
     chunks_size: int
     content: str
     seed: int
+    video_variants: int | None
 
     def frames(self, episode: int, camera: str, sampler: st.Sampler) -> Iterator[np.ndarray]:
         """The camera's frames for this episode, showing each to ``sampler`` for statistics."""
@@ -449,12 +459,39 @@ def _samplers(spec: _Spec, episode: int) -> dict[str, st.Sampler]:
     return {key: st.Sampler(spec.lengths[episode]) for key in spec.cameras}
 
 
+class _Encodings:
+    """Each episode's camera video, encoded, or with ``video_variants`` copied from an earlier
+    episode of the same length and variant (its frames then still shown to the sampler)."""
+
+    def __init__(self, spec: _Spec, scratch: Path) -> None:
+        self.spec, self.scratch = spec, scratch
+        self.made: dict[tuple[str, int, int], tuple[int, Path]] = {}
+
+    def write(self, episode: int, camera: str, sampler: st.Sampler, dest: Path) -> None:
+        spec = self.spec
+        if spec.video_variants is None:
+            vid.encode_episode(spec.frames(episode, camera, sampler), dest, spec.fps)
+            return
+        variant = (camera, spec.lengths[episode], episode % spec.video_variants)
+        if variant in self.made:
+            first, path = self.made[variant]
+            for _ in spec.frames(first, camera, sampler):
+                pass
+            shutil.copyfile(path, dest)
+            return
+        vid.encode_episode(spec.frames(episode, camera, sampler), dest, spec.fps)
+        kept = self.scratch / f"variant-{len(self.made)}.mp4"
+        shutil.copyfile(dest, kept)
+        self.made[variant] = (episode, kept)
+
+
 def _write_v30(spec: _Spec, scratch: Path) -> None:
     features = _features(spec)
     schema = _row_schema(spec, fingerprint="")
     data = _DataFiles(spec)
     videos = {key: _VideoFiles(spec, key) for key in spec.cameras} if spec.video else {}
     episodes = _EpisodeFiles(spec)
+    encodings = _Encodings(spec, scratch)
     total: dict[str, st.Stats] | None = None
     for episode in range(len(spec.lengths)):
         record: dict[str, Any] = {
@@ -467,7 +504,7 @@ def _write_v30(spec: _Spec, scratch: Path) -> None:
         record.update(data.write(episode, rows))
         for key, files in videos.items():
             tmp = scratch / f"{key}_{episode:06d}.mp4"
-            vid.encode_episode(spec.frames(episode, key, samplers[key]), tmp, spec.fps)
+            encodings.write(episode, key, samplers[key], tmp)
             record.update(files.add(tmp))
         ep_stats = _episode_stats(spec, rows, samplers)
         record.update(_flat_stats(ep_stats))
