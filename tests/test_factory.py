@@ -344,5 +344,7 @@ def test_video_variants_share_encodings_between_equal_length_episodes(tmp_path):
     # Episode 3 is variant 1 but 8 frames long: its own encoding, all 8 frames there.
     assert source[starts[3] + 7][key].shape == (3, 16, 24)
     assert int(source[starts[2] + 1]["frame_index"]) == 1  # rows still the episode's own
+    stats = [{k: v for k, v in e.items() if k.startswith(f"stats/{key}/")} for e in _episodes(root)]
+    assert stats[2] == stats[0] and stats[1] != stats[0]  # statistics of the frames shown
     with pytest.raises(ValueError, match="video_variants"):
         make_dataset(tmp_path / "w", version="v2.1", video_variants=2)

@@ -461,11 +461,11 @@ def _samplers(spec: _Spec, episode: int) -> dict[str, st.Sampler]:
 
 class _Encodings:
     """Each episode's camera video, encoded, or with ``video_variants`` copied from an earlier
-    episode of the same length and variant (its frames then still shown to the sampler)."""
+    episode of the same length and variant (with what that one's sampler kept for statistics)."""
 
     def __init__(self, spec: _Spec, scratch: Path) -> None:
         self.spec, self.scratch = spec, scratch
-        self.made: dict[tuple[str, int, int], tuple[int, Path]] = {}
+        self.made: dict[tuple[str, int, int], tuple[Path, st.Sampler]] = {}
 
     def write(self, episode: int, camera: str, sampler: st.Sampler, dest: Path) -> None:
         spec = self.spec
@@ -474,15 +474,14 @@ class _Encodings:
             return
         variant = (camera, spec.lengths[episode], episode % spec.video_variants)
         if variant in self.made:
-            first, path = self.made[variant]
-            for _ in spec.frames(first, camera, sampler):
-                pass
+            path, first = self.made[variant]
+            sampler.kept = list(first.kept)  # equal lengths: the same frames picked
             shutil.copyfile(path, dest)
             return
         vid.encode_episode(spec.frames(episode, camera, sampler), dest, spec.fps)
         kept = self.scratch / f"variant-{len(self.made)}.mp4"
         shutil.copyfile(dest, kept)
-        self.made[variant] = (episode, kept)
+        self.made[variant] = (kept, sampler)
 
 
 def _write_v30(spec: _Spec, scratch: Path) -> None:
