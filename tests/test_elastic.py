@@ -24,7 +24,7 @@ from lerobot_shards.reader.elastic import (
     consumed_per_worker,
 )
 from lerobot_shards.reader.partition import samples_per_part, split_parts
-from lerobot_shards.reader.plan import Draw, one_by_one, plan_part
+from lerobot_shards.reader.plan import READER_GROUP, Draw, one_by_one, plan_part
 
 
 def cost(episode: int, start: int, stop: int) -> int:
@@ -57,6 +57,7 @@ def fresh_draws(episodes, lengths, ordering: Ordering, num_parts: int, epoch: in
                 seed=seed,
                 shuffle=ordering.shuffle,
                 num_samples=samples[p],
+                group=READER_GROUP,
             )
         )
         out.append(

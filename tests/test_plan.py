@@ -15,6 +15,7 @@ from lerobot_shards.reader.plan import (
     Evict,
     check_budget,
     first_draws,
+    grouped_order,
     one_by_one,
     plan_part,
     reference_draws,
@@ -110,10 +111,11 @@ def test_whole_order_of_a_small_case():
     budget_slack=st.one_of(st.none(), st.integers(0, 300)),
     seed=st.integers(0, 2**32 - 1),
     epoch=st.integers(0, 1000),
+    group=st.sampled_from([1, 2, 3]),
     data=st.data(),
 )
 def test_fast_planner_equals_the_reference_and_resumes_at_any_offset(
-    lengths, buffer_size, budget_slack, seed, epoch, data
+    lengths, buffer_size, budget_slack, seed, epoch, group, data
 ):
     rng = np.random.default_rng(len(lengths))
     counts = {3 * i: n for i, n in enumerate(lengths)}
@@ -126,6 +128,7 @@ def test_fast_planner_equals_the_reference_and_resumes_at_any_offset(
         byte_budget=budget,
         seed=seed,
         epoch=epoch,
+        group=group,
     )
     pieces = one_part(counts)
     sizes = [sizes_by_episode[e] for e in pieces.episodes.tolist()]
@@ -133,7 +136,7 @@ def test_fast_planner_equals_the_reference_and_resumes_at_any_offset(
     def plan(start=0):
         return planned(
             pieces, sizes, buffer_size=buffer_size, byte_budget=budget, seed=[seed, epoch],
-            start=start,
+            start=start, group=group,
         )  # fmt: skip
 
     events = plan()
@@ -267,19 +270,53 @@ def test_budget_errors():
         plan_part(pieces, None, buffer_size=2, byte_budget=None, seed=[0, 0], num_samples=9)
 
 
-@pytest.mark.parametrize(("buffer_size", "budget"), [(40, None), (200, None), (25, 3000)])
-def test_larger_epoch_equals_the_reference_with_resume(buffer_size, budget):
+@pytest.mark.parametrize(
+    ("buffer_size", "budget", "group"), [(40, None, 1), (200, None, 2), (25, 3000, 2)]
+)
+def test_larger_epoch_equals_the_reference_with_resume(buffer_size, budget, group):
     """Long enough to pack the slots and the frame arena and to run batches at full size."""
     rng = np.random.default_rng(buffer_size)
     counts = {int(e): int(n) for e, n in enumerate(rng.integers(1, 80, 300))}
     sizes_by_episode = {e: int(rng.integers(1, 500)) for e in counts}
     reference = reference_draws(
-        counts, sizes_by_episode, buffer_size=buffer_size, byte_budget=budget, seed=11, epoch=4
-    )
+        counts, sizes_by_episode, buffer_size=buffer_size, byte_budget=budget, seed=11, epoch=4,
+        group=group,
+    )  # fmt: skip
     pieces = one_part(counts)
     sizes = [sizes_by_episode[e] for e in pieces.episodes.tolist()]
     for start in (0, 1, 777, len(reference) // 2, len(reference) - 1):
         events = planned(pieces, sizes, buffer_size=buffer_size, byte_budget=budget,
-                         seed=[11, 4], start=start)  # fmt: skip
+                         seed=[11, 4], start=start, group=group)  # fmt: skip
         assert draws_of(events, pieces) == reference[start:]
         check_events(events, pieces, sizes, buffer_size, budget)
+
+
+@settings(max_examples=200, deadline=None)
+@given(start=st.integers(0, 50), count=st.integers(1, 60), group=st.integers(1, 5))
+def test_grouped_order_keeps_each_group_together(start, count, group):
+    order = grouped_order(start, count, group, np.random.default_rng(start * 61 + count))
+    assert sorted(order.tolist()) == list(range(count))
+    groups = [(start + p) // group for p in order.tolist()]
+    runs = [g for i, g in enumerate(groups) if i == 0 or groups[i - 1] != g]
+    assert len(runs) == len(set(runs))  # each group's positions come in one run...
+    for g in set(groups):
+        run = [p for p in order.tolist() if (start + p) // group == g]
+        assert run == sorted(run)  # ...ascending
+
+
+def test_the_pool_draws_a_group_at_an_episodes_consecutive_picks():
+    """A group's frames are its episode's consecutive draws, highest first (taken from the
+    end of the grouped order), so a GOP mate decoded at one pick is drawn at the next."""
+    counts = {0: 9, 1: 6, 2: 7}
+    draws = reference_draws(counts, buffer_size=3, seed=5, epoch=0, group=2)
+    for episode, count in counts.items():
+        frames = [f for e, f in draws if e == episode]
+        assert sorted(frames) == list(range(count))
+        runs: list[list[int]] = []
+        for f in frames:
+            if runs and runs[-1][0] // 2 == f // 2:
+                runs[-1].append(f)
+            else:
+                runs.append([f])
+        assert len(runs) == (count + 1) // 2  # one run per pair: never split
+        assert all(run == sorted(run, reverse=True) for run in runs)

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from lerobot_shards.reader.partition import Pieces, samples_per_part, split_parts
-from lerobot_shards.reader.plan import first_draws, plan_part
+from lerobot_shards.reader.plan import READER_GROUP, first_draws, plan_part
 
 # Entropy word of the rest split's and the rest pools' random streams: apart from the fresh
 # split's (0xFFFF_FFFF) and every fresh pool's ([seed, epoch] or [seed, epoch, part]).
@@ -187,6 +187,7 @@ class Part:
             shuffle=ordering.shuffle,
             num_samples=self.num_samples,
             start=start,
+            group=READER_GROUP,
         )
 
 

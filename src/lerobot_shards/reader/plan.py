@@ -12,6 +12,12 @@ episodes that are rarely drawn, and a batch of 32 from 64 residents mixed about 
 instead of the 25 of uniform picks (16 residents: 9 instead of 14). Every frame is still drawn
 exactly once, whatever the rule.
 
+An episode's frames are shuffled in groups (``group``, 2 for the reader: LeRobot's GOP 2) of
+consecutive positions ``group * k ...``, drawn one after the other from that episode: decoding
+a frame decodes its GOP, and its GOP mate is then drawn at the episode's next pick (about
+``buffer_size`` draws later) instead of at a random time in the episode's stay, so the decoded
+frames worth keeping are about one per resident episode and camera, not a quarter of the pool.
+
 How the fast planner reproduces the walk. Between two evictions no episode is admitted, so the
 number of residents ``n`` and the random stream are fixed: the next ``k`` picks are one call
 ``rng.integers([n] * k)`` (numpy returns the same values and leaves the generator in the same
@@ -32,6 +38,8 @@ from lerobot_shards.reader.partition import Piece, Pieces
 _NEVER = np.iinfo(np.int64).max
 _MIN_BATCH = 16
 _MAX_BATCH = 512
+READER_GROUP = 2
+"""The reader's ``group``: LeRobot encodes with GOP 2 (a keyframe every second frame)."""
 
 
 class Admit(NamedTuple):
@@ -124,6 +132,22 @@ def check_budget(
         )
 
 
+def grouped_order(start: int, count: int, group: int, rng: np.random.Generator) -> np.ndarray:
+    """Positions ``0..count-1`` of a piece that starts at episode position ``start``, shuffled in
+    groups: the episode positions ``group * k .. group * k + group - 1`` stay together, in
+    ascending order, and ``rng.shuffle`` orders the groups (``group=1``: ``rng.shuffle`` of
+    ``arange(count)``). The pool takes positions from the end."""
+    if group == 1:
+        order = np.arange(count, dtype=np.int64)
+        rng.shuffle(order)
+        return order
+    first = start // group
+    groups = np.arange((start + count - 1) // group - first + 1, dtype=np.int64)
+    rng.shuffle(groups)
+    positions = ((groups + first)[:, None] * group + np.arange(group)).ravel() - start
+    return positions[(positions >= 0) & (positions < count)]
+
+
 def reference_draws(
     counts: Mapping[int, int],
     piece_bytes: Mapping[int, int] | None = None,
@@ -132,6 +156,7 @@ def reference_draws(
     byte_budget: int | None = None,
     seed: int,
     epoch: int,
+    group: int = 1,
 ) -> list[tuple[int, int]]:
     """The ``(episode, frame)`` draws of one epoch by :func:`iter_reference_draws`."""
     return list(
@@ -142,6 +167,7 @@ def reference_draws(
             byte_budget=byte_budget,
             seed=seed,
             epoch=epoch,
+            group=group,
         )
     )
 
@@ -154,6 +180,7 @@ def iter_reference_draws(
     byte_budget: int | None = None,
     seed: int,
     epoch: int,
+    group: int = 1,
 ) -> Iterator[tuple[int, int]]:
     """The exact-coverage pool, plainly: the ``(episode, frame)`` draws of one epoch.
 
@@ -164,8 +191,8 @@ def iter_reference_draws(
     3. Admission: while fewer than ``buffer_size`` episodes are resident and ``pending`` is not
        empty, take the first pending episode whose byte size fits in the budget left (with no
        budget, the first); if none fits, stop. The admitted episode gets ``frames =
-       arange(count)`` (int64) shuffled by ``rng.shuffle`` and joins the end of the resident
-       order.
+       grouped_order(0, count, group, rng)`` (with ``group=1``: ``arange(count)`` shuffled by
+       ``rng.shuffle``) and joins the end of the resident order.
     4. Draw: the resident at position ``int(rng.integers(len(resident)))`` of the resident
        order; its remaining count drops by one and the frame is ``frames[remaining]``. An
        episode whose last frame was drawn is evicted (its bytes released) and admission runs
@@ -195,8 +222,7 @@ def iter_reference_draws(
             else:
                 return
             pending.remove(episode)
-            frames = np.arange(counts[episode], dtype=np.int64)
-            rng.shuffle(frames)
+            frames = grouped_order(0, counts[episode], group, rng)
             resident.append([episode, frames, counts[episode]])
             used += sizes.get(episode, 0)
 
@@ -266,8 +292,10 @@ class _Pool:
         buffer_size: int,
         byte_budget: int | None,
         rng: np.random.Generator,
+        group: int = 1,
     ) -> None:
         counts = pieces.counts
+        self.group = group
         self.counts = counts.tolist()
         self.starts = pieces.starts
         self.rng = rng
@@ -337,8 +365,11 @@ class _Pool:
         if self.top + count > len(self.arena):
             self._pack_arena(count)
         frames = self.arena[self.top : self.top + count]
-        frames[:] = self.iota[:count]
-        self.rng.shuffle(frames)
+        if self.group == 1:
+            frames[:] = self.iota[:count]
+            self.rng.shuffle(frames)
+        else:
+            frames[:] = grouped_order(int(self.starts[piece]), count, self.group, self.rng)
         self.piece.append(piece)
         self.off.append(self.top)
         self.rem.append(count)
@@ -432,6 +463,7 @@ def plan_part(
     shuffle: bool = True,
     num_samples: int | None = None,
     start: int = 0,
+    group: int = 1,
 ) -> Iterator[Event]:
     """The exact-coverage pool for one part, as events: Admit, Draws (runs of draws) and Evict.
 
@@ -448,7 +480,9 @@ def plan_part(
     in resident order, and goes on; ``start >= num_samples`` yields nothing.
 
     ``shuffle=False``: pieces in order, frames ascending, still admitting ahead within
-    ``buffer_size`` and the budget (in order: the next piece waits until it fits).
+    ``buffer_size`` and the budget (in order: the next piece waits until it fits). ``group``:
+    a piece's frames are shuffled in groups of that many consecutive episode positions
+    (:func:`grouped_order`).
     """
     table = Pieces.of(pieces)
     counts = table.counts
@@ -462,6 +496,8 @@ def plan_part(
         raise ValueError(f"buffer_size must be at least 1, got {buffer_size}")
     if start < 0:
         raise ValueError(f"start must be non-negative, got {start}")
+    if group < 1:
+        raise ValueError(f"group must be at least 1, got {group}")
     sizes = None
     if piece_bytes is not None:
         sizes = np.asarray(piece_bytes, dtype=np.int64)
@@ -473,7 +509,8 @@ def plan_part(
         check_budget(sizes[counts > 0], byte_budget, table.episodes[counts > 0])
     if not shuffle:
         return _plan_in_order(table, sizes, buffer_size, byte_budget, samples, start)
-    pool = _Pool(table, sizes, buffer_size, byte_budget, np.random.default_rng(list(seed)))
+    rng = np.random.default_rng(list(seed))
+    pool = _Pool(table, sizes, buffer_size, byte_budget, rng, group)
     return _plan_shuffled(pool, real, samples, start)
 
 
