@@ -55,12 +55,7 @@ def epoch(shards: Path, **options) -> dict:
     return result
 
 
-def test_frame_cache_and_budget_bound_the_process_tree(shards):
-    # Held until drawn, the GOP mates of a pool of 6 episodes per worker reach about a quarter
-    # of the epoch's frames at once: tens of MB per worker.
-    unbounded = epoch(shards, frame_cache_gb=10)
-    grown_unbounded = unbounded["peak_pss"] - unbounded["first_pss"]
-    assert grown_unbounded > 100 * FRAME_BYTES
+def test_budget_bounds_the_process_tree(shards):
     # A 64 MB budget: 32 MB per worker, 8 MB of it frame cache (frame_cache_gb 16 MB over two
     # workers), the rest for the compressed episodes (the whole dataset is about 8 MB).
     budget = 64 * MB
@@ -70,4 +65,16 @@ def test_frame_cache_and_budget_bound_the_process_tree(shards):
     # each worker's shared segments, up to 8), plus what each decode thread's allocator keeps.
     in_flight = (2 * 2 + 2 * 8) * bounded["batch_bytes"]
     assert grown <= budget + in_flight, (grown, budget, in_flight)
+
+
+def test_frame_cache_cap_bounds_what_holding_every_frame_does_not(shards):
+    # Items that also take camera a's frames 3 to 15 frames back: a decoded frame is wanted again
+    # by later draws of its episode, so a cache that holds every frame until its last draw grows
+    # toward all the frames of the resident episodes (6 per worker, 600 frames of 230 kB).
+    back = {"observation.images.a": [-0.5, -0.4, -0.3, -0.2, -0.1, 0.0]}
+    unbounded = epoch(shards, frame_cache_gb=10, delta_timestamps=back)
+    grown_unbounded = unbounded["peak_pss"] - unbounded["first_pss"]
+    assert grown_unbounded > 200 * FRAME_BYTES, grown_unbounded
+    capped = epoch(shards, frame_cache_gb=0.016, delta_timestamps=back)
+    grown = capped["peak_pss"] - capped["first_pss"]
     assert grown < grown_unbounded / 2, (grown, grown_unbounded)

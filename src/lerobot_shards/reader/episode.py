@@ -16,6 +16,7 @@ from collections.abc import Hashable, Iterator, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 
+import av
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -32,6 +33,14 @@ from lerobot_shards.items import EpisodeColumns, ItemSpec
 from lerobot_shards.reader.decode import Video
 from lerobot_shards.reader.frame_cache import FrameCache, Key, Pending
 from lerobot_shards.reader.rgb24 import to_rgb24, write_rgb24
+
+
+def frame_nbytes(frame: torch.Tensor | av.VideoFrame) -> int:
+    """What a held frame costs: an rgb24 tensor's bytes, or a decoded frame's planes (yuv420p:
+    half of rgb24, so a cache of unconverted frames holds twice as many)."""
+    if isinstance(frame, torch.Tensor):
+        return frame.numel() * frame.element_size()
+    return sum(plane.buffer_size for plane in frame.planes)
 
 
 class CameraFrames:
@@ -95,12 +104,12 @@ class CameraFrames:
             decoded = video.decode(position, keep, rgb=out is None)
             frame = decoded.pop(position)
             for p, other in decoded.items():
-                cache.offer(self.key(p), other, video.frame_bytes)
-            cache.offer(key, frame, video.frame_bytes)  # drawn again soon (delta_timestamps)
+                cache.offer(self.key(p), other, frame_nbytes(other))
+            cache.offer(key, frame, frame_nbytes(frame))  # drawn again soon (delta_timestamps)
         if out is None:
             if not isinstance(frame, torch.Tensor):
                 frame = to_rgb24(frame)
-                cache.replace(key, frame)  # drawn again later: convert once
+                cache.replace(key, frame, frame.numel())  # drawn again later: convert once
             return frame
         if isinstance(frame, torch.Tensor):
             # numpy copies on this thread; torch would wake its intra-op pool (see collate.py)

@@ -108,10 +108,14 @@ class FrameCache:
             self._shrink()
         return value
 
-    def replace(self, key: Key, frame: Any) -> None:
-        """Hold ``frame`` for ``key`` in place of what is held (a converted copy, same bytes)."""
+    def replace(self, key: Key, frame: Any, nbytes: int) -> None:
+        """Hold ``frame`` (``nbytes``) for ``key`` in place of what is held (a converted copy),
+        then drop what is used latest if that took the cache past its cap."""
         if key in self._held:
-            self._held[key] = (frame, self._held[key][1])
+            self.nbytes += nbytes - self._held[key][1]
+            self._held[key] = (frame, nbytes)
+            self.peak_bytes = max(self.peak_bytes, self.nbytes)
+            self._shrink()
 
     def would_hold(self, key: Key, nbytes: int) -> bool:
         """Whether :meth:`offer` would now hold a frame for ``key`` (to skip decoding frames
