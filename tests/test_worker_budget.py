@@ -11,9 +11,8 @@ import fsspec
 import pytest
 from torch.utils.data import DataLoader
 
-from lerobot_shards import ShardedLeRobotDataset
+from lerobot_shards import ShardedLeRobotDataset, SmallPoolWarning
 from lerobot_shards.format import MANIFEST_FILE, read_manifest
-from lerobot_shards.reader.pool_budget import SmallPoolWarning
 
 FRAMES = 74
 MB = 10**6
@@ -99,7 +98,7 @@ def test_an_episode_larger_than_a_share_is_refused_by_name(av1, sizes):
     # In process, one part: the whole budget holds the largest episode and nothing else, so the
     # frame cache gets no room and every frame is still yielded, decoded when drawn.
     ds.num_workers = 0
-    with pytest.warns(SmallPoolWarning, match=r"less than the .* the 6 largest take"):
+    with pytest.warns(SmallPoolWarning, match=r"fewer than the 6 the pool would hold"):
         assert sorted(int(item["index"]) for item in ds) == list(range(FRAMES))
     # Past the (empty) cap, only the frames of the draw being built: one per camera.
     assert ds.memory_stats()["peak_frame_cache_bytes"] <= 3 * (40 * 56 + 24 * 32)
@@ -111,8 +110,8 @@ def test_a_budget_that_starves_the_pool_warns_with_numbers(av1, sizes):
     with pytest.warns(SmallPoolWarning) as caught:
         iter(tight)
     message = str(caught[0].message)
-    assert "for fetched episodes, less than the" in message and "buffer_size=6" in message
-    assert "it holds about 4 of the median" in message
+    assert "for fetched episodes: about 4 of the median" in message
+    assert "fewer than the 6 the pool would hold (buffer_size=6)" in message
     # The budget the warning advises keeps the pool full: no warning.
     advised = float(message.rsplit("byte_budget_gb=", 1)[1].split()[0])
     roomy = ShardedLeRobotDataset(av1, byte_budget_gb=advised, buffer_size=6)

@@ -6,6 +6,7 @@ _LAZY = {
     "convert": "lerobot_shards.converter.run",
     "ShardedLeRobotDataset": "lerobot_shards.reader.dataset",
     "collate": "lerobot_shards.reader.collate",
+    "SmallPoolWarning": "lerobot_shards.reader.pool_budget",
 }
 
 

@@ -172,7 +172,8 @@ class ShardedLeRobotDataset(IterableDataset):
     prefetched, *and* its frame caches: each worker's equal share pays first for a full pool
     (its ``buffer_size`` largest episodes) and the frame cache gets what is left, so a budget of
     a few hundred MB holds hundreds of compressed episodes. An episode is refused only if its
-    bytes alone exceed a worker's share; a budget that cannot hold a full pool is warned about.
+    bytes alone exceed a worker's share; a budget that holds fewer than ``buffer_size``
+    median-sized episodes is warned about (:class:`SmallPoolWarning`).
     Batches in flight in the DataLoader are outside the budget. ``repeat=True`` streams epoch
     after epoch.
     ``delta_timestamps``, ``tolerance_s``, ``image_transforms``, ``return_uint8`` and
@@ -645,7 +646,8 @@ class ShardedLeRobotDataset(IterableDataset):
                 f"the state was loaded for {expected} DataLoader worker(s) per rank, but this "
                 f"loader has {workers}: set ds.num_workers = {workers} before load_state_dict"
             )
-        self._budget(workers).warn_if_small()
+        if worker == 0:  # the workers' shares are equal: one warning says it for all
+            self._budget(workers).warn_if_small()
         first = part_index(rank, world, 0, workers)[0]
         num_parts = world * workers
         ordering, planner = self._ordering(), self._planner

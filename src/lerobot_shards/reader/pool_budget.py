@@ -31,14 +31,14 @@ class SmallPoolWarning(UserWarning):
 class PoolBudget:
     """One part's budget: ``pool`` bytes of fetched episodes (None: no byte limit) and a frame
     cache of ``cache`` bytes; ``advice`` is non-empty when the pool cannot hold ``buffer_size``
-    episodes (what the warning says)."""
+    median-sized episodes (what the warning says)."""
 
     pool: int | None
     cache: int
     advice: str = ""
 
     def warn_if_small(self) -> None:
-        """Warn (:class:`SmallPoolWarning`) when the pool budget cannot hold a full pool."""
+        """Warn (:class:`SmallPoolWarning`) when the pool budget cannot hold a typical pool."""
         if self.advice:
             warnings.warn(self.advice, SmallPoolWarning, stacklevel=3)
 
@@ -75,22 +75,21 @@ def split_budget(
             f"byte budget of {share} bytes per worker (byte_budget_gb={byte_budget / GB:g}"
             f"{split}): raise byte_budget_gb or use fewer workers"
         )
-    wanted = min(buffer_size, max(1, math.ceil(len(sizes) / max(1, num_parts))))
     full_pool = int(np.sort(sizes)[-wanted:].sum())  # any ``wanted`` episodes fit in it
     cache = max(0, min(cache, share - full_pool))
     pool = share - cache
-    if pool >= full_pool:
-        return PoolBudget(pool, cache)
     median = max(1, int(np.median(sizes)))
+    if pool >= full_pool or pool // median >= wanted:  # full, or but for the largest episodes
+        return PoolBudget(pool, cache)
     full = _round_up(full_pool * workers / GB)
     with_cache = _round_up((full_pool + int(frame_cache) // workers) * workers / GB)
     advice = (
         f"byte_budget_gb={byte_budget / GB:g} gives each of the rank's {workers} DataLoader "
-        f"worker(s) {_size(share)} for fetched episodes, less than the {_size(full_pool)} the "
-        f"{wanted} largest take, as many as the pool would hold (buffer_size={buffer_size}): it "
-        f"holds about {pool // median} of the median {_size(median)}, so batches may mix fewer "
-        f"episodes, and no frame cache is left; byte_budget_gb={full:g} keeps the pool full, "
-        f"{with_cache:g} also the whole frame cache (frame_cache_gb={frame_cache / GB:g})"
+        f"worker(s) {_size(share)} for fetched episodes: about {pool // median} of the median "
+        f"{_size(median)}, fewer than the {wanted} the pool would hold (buffer_size="
+        f"{buffer_size}), so batches mix fewer episodes, and no frame cache is left; "
+        f"byte_budget_gb={full:g} keeps the pool full, {with_cache:g} also the whole frame "
+        f"cache (frame_cache_gb={frame_cache / GB:g})"
     )
     return PoolBudget(pool, cache, advice)
 
