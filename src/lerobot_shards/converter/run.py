@@ -376,11 +376,12 @@ def _run_local(
         finally:
             _PROCESS_JOB = None
         return
-    # fork where the platform has it (as torch's DataLoader does): workers start without
-    # re-importing torch/pyarrow/av, seconds per worker. Each worker still opens its own source
-    # and destination, and fsspec and pyarrow reset their threads and loops in a forked child.
+    # A forkserver where the platform has one: forking the caller, whose threads (pyarrow's,
+    # fsspec's, torch's) may hold locks, can leave a worker blocked forever on a lock no thread
+    # will release (seen here: a converter worker forked from a test process). Each worker
+    # imports the converter once and opens its own source and destination.
     methods = multiprocessing.get_all_start_methods()
-    ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+    ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
     with ProcessPoolExecutor(max_workers=min(workers, len(todo)), mp_context=ctx) as pool:
         pending: dict[Future, int] = {}
         queue = iter(todo)
