@@ -1,0 +1,354 @@
+"""Epochs, checkpoints and resume of a :class:`ShardedLeRobotDataset`: where the next iteration
+starts, the state dict that records it, and how a loaded state becomes a part and an offset.
+
+Epochs. Every ``iter(ds)`` starts the next epoch unless ``set_epoch`` or ``load_state_dict``
+said which; a DataLoader's persistent workers advance their own copies, so they see a new order
+each epoch. With non-persistent workers the workers are fresh copies of ``ds`` every epoch: call
+``ds.set_epoch(epoch)`` before each. Resuming replays only the planner (``plan_part(start=...)``):
+nothing skipped is fetched or decoded.
+
+- Iterating ``ds`` directly (or a DataLoader with ``num_workers=0``): ``ds.state_dict()`` knows
+  what was taken.
+- A DataLoader with workers: the copies that count live in the workers, so the training loop
+  says how many samples it took since the DataLoader's iterator started:
+  ``ds.state_dict(num_samples=n, batch_size=b)``. ``load_state_dict`` then works out, from the
+  DataLoader's round-robin over workers, what each worker had produced, and lets each worker
+  take the role (part) whose batch comes next, so the resumed stream is the same sequence.
+  Offsets at batch boundaries (multiples of ``batch_size``, or the end of the epoch) resume
+  exactly.
+- torchdata's ``StatefulDataLoader`` calls ``state_dict``/``load_state_dict`` inside each
+  worker; the worker's state then carries its id, its part and its own offset.
+
+The state format: a plain dict (JSON-serialisable).
+
+- ``epoch``, ``offset``: the consumer took ``offset`` samples of the stream that starts at
+  ``epoch`` (per rank: every rank of a DDP job is at the same step, so every rank's state is the
+  same and any one of them is the checkpoint). With ``repeat=True`` the offset may run past the
+  end of the epoch.
+- ``batch_size``: the DataLoader's, for the round-robin arithmetic over workers.
+- ``world_size``, ``num_workers``: the layout that produced it (``num_workers`` 0 when the rank
+  iterated in process; None when unknown: ``ds.num_workers`` was not set and the state came
+  from ``state_dict(num_samples=...)``).
+- ``seed``, ``shuffle``, ``buffer_size``, ``byte_budget`` (bytes or None), ``pad``, ``repeat``:
+  the settings that shape the order. ``byte_budget`` is each part's pool budget for fetched
+  episodes: the rank's ``byte_budget_gb`` split over the layout's DataLoader workers, less each
+  worker's frame cache.
+- ``fingerprint``: ``format.manifest_fingerprint`` of the selected episodes' manifest rows.
+  Loading a state of another dataset or episode selection is refused with a ``ValueError``.
+- ``resumed_from`` (only while the rest of an elastically resumed epoch runs): the state the
+  rest was planned from; ``epoch`` is then the rest's first epoch and ``offset`` counts the
+  samples taken since the resume.
+- ``worker_id``, ``role``: only in a StatefulDataLoader worker's own state.
+
+A state of only ``{"epoch", "offset", "batch_size"}`` (the first format) resumes as before,
+assuming the current layout and settings. A full state whose layout and settings match the
+current ones resumes the very same stream. Otherwise (another world size, another number of
+DataLoader workers, another seed, pool size, budget, padding or repeat) the resume is elastic
+(``elastic.py``): the frames the checkpoint consumed are found by replaying the old layout's
+planner (first draws of each old part), and the rest of the epoch is split over the new layout,
+every frame still exactly once, every part still yielding the same number of samples; the next
+epoch starts fresh under the new layout. With DataLoader workers set ``ds.num_workers`` to the
+loader's ``num_workers`` before ``state_dict``/``load_state_dict``: the resume is planned in
+the main process and checked against the workers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from lerobot_shards.reader.elastic import (
+    Checkpoint,
+    Layout,
+    Ordering,
+    Part,
+    Planner,
+    consumed_per_worker,
+)
+
+
+@dataclass
+class Cursor:
+    """Where one iteration is in its part's stream: the next sample's epoch and offset."""
+
+    role: int
+    """Which of the rank's workers' parts this stream plays (its own unless resumed)."""
+    epoch: int
+    offset: int
+    """Draws made in ``epoch``'s part."""
+    per_epoch: int
+    origin: Checkpoint | None
+    """While streaming the rest of an epoch planned from an elastic resume: its checkpoint."""
+    stream_epoch: int
+    stream_offset: int
+    """Samples since the stream began (at ``stream_epoch``, or at the rest's start)."""
+    num_workers: int
+
+    def advance(self, part: Part) -> None:
+        """Move to the start of ``part``, the next epoch's (the stream ran on into it)."""
+        self.epoch, self.offset, self.per_epoch = part.epoch, 0, part.num_samples
+        if part.positions is None:  # past the rest of an elastic resume: fresh epochs
+            self.origin = None
+
+
+def describe(
+    epoch: int,
+    offset: int,
+    batch_size: int,
+    world_size: int,
+    num_workers: int | None,
+    ordering: Ordering,
+    fingerprint: str,
+    origin: Checkpoint | None = None,
+) -> dict[str, Any]:
+    """A state dict in the format the module docstring describes."""
+    state = {
+        "epoch": epoch,
+        "offset": offset,
+        "batch_size": batch_size,
+        "world_size": world_size,
+        "num_workers": num_workers,
+        "seed": ordering.seed,
+        "shuffle": ordering.shuffle,
+        "buffer_size": ordering.buffer_size,
+        "byte_budget": ordering.byte_budget,
+        "pad": ordering.pad,
+        "repeat": ordering.repeat,
+        "fingerprint": fingerprint,
+    }
+    if origin is not None:
+        c = origin
+        state["resumed_from"] = describe(
+            c.epoch,
+            c.offset,
+            c.batch_size,
+            c.layout.world_size,
+            c.layout.num_workers,
+            c.ordering,
+            fingerprint,
+            c.origin,
+        )
+    return state
+
+
+def checkpoint_of(state: Mapping[str, Any], num_workers: int) -> Checkpoint:
+    """The checkpoint a full state describes (``num_workers`` stands in for an unknown)."""
+    try:
+        workers = state["num_workers"]
+        origin = state.get("resumed_from")
+        return Checkpoint(
+            epoch=int(state["epoch"]),
+            offset=int(state["offset"]),
+            batch_size=max(1, int(state.get("batch_size") or 1)),
+            layout=Layout(
+                int(state["world_size"]), num_workers if workers is None else int(workers)
+            ),
+            ordering=Ordering(
+                int(state["seed"]),
+                bool(state["shuffle"]),
+                int(state["buffer_size"]),
+                None if state["byte_budget"] is None else int(state["byte_budget"]),
+                bool(state["pad"]),
+                bool(state["repeat"]),
+            ),
+            origin=None if origin is None else checkpoint_of(origin, num_workers),
+        )
+    except KeyError as exc:
+        raise ValueError(f"this state lacks {exc.args[0]!r}: {dict(state)}") from None
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a state is taken and loaded against: this process's layout and order settings."""
+
+    world_size: int
+    worker: int
+    """This process's DataLoader worker id (0 in process)."""
+    workers: int
+    """DataLoader workers per rank, at least 1."""
+    in_worker: bool
+    ordering: Ordering
+
+
+class Position:
+    """Where the next iteration of a dataset starts, and where the current one is.
+
+    ``set_epoch``, ``load`` and ``state`` are the dataset's ``set_epoch``, ``load_state_dict``
+    and ``state_dict``; ``start`` turns the position into the part this iteration streams.
+    """
+
+    def __init__(self) -> None:
+        self.next = (0, 0)  # (epoch, offset) the next iteration starts at
+        self.current = (0, 0)  # where the current (or last) iteration started
+        self.next_origin: Checkpoint | None = None  # with an elastic rest: its checkpoint
+        self.current_origin: Checkpoint | None = None
+        self.batch_size = 1
+        self.worker_state: dict | None = None  # a StatefulDataLoader worker's loaded state
+        self.pending = False  # a loaded state not yet iterated
+        self.check_workers: int | None = None  # workers a loaded state was planned for
+        self.cursor: Cursor | None = None
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start the next iteration at ``epoch``: at its start, or at the offset of a state
+        loaded for that epoch and not yet iterated."""
+        if self.pending and self.next[0] == int(epoch):
+            return
+        self.next = self.current = (int(epoch), 0)
+        self.next_origin = self.current_origin = None
+        self.worker_state = None
+        self.pending = False
+        self.check_workers = None
+        self.cursor = None
+
+    def state(
+        self,
+        ctx: Context,
+        fingerprint: str,
+        num_samples: int | None,
+        batch_size: int | None,
+        num_workers: int,
+    ) -> dict[str, Any]:
+        """The state dict (``ds.state_dict``) of the dataset whose manifest rows have
+        ``fingerprint``; ``num_workers`` is ``ds.num_workers``."""
+        b = self.batch_size if batch_size is None else max(1, int(batch_size))
+        cursor = self.cursor
+
+        def describe_here(epoch, offset, workers, origin):
+            return describe(
+                epoch, offset, b, ctx.world_size, workers, ctx.ordering, fingerprint, origin
+            )
+
+        if num_samples is not None:
+            epoch, offset = self.current
+            if num_workers > 0:
+                workers = num_workers
+            elif cursor is not None:  # the DataLoader iterated this very object
+                workers = cursor.num_workers
+            else:
+                workers = None
+            return describe_here(epoch, offset + int(num_samples), workers, self.current_origin)
+        if cursor is None:
+            epoch, offset = self.next
+            workers = ctx.workers if ctx.in_worker else num_workers
+            return describe_here(epoch, offset, workers, self.next_origin)
+        origin = cursor.origin
+        if origin is not None and (ctx.ordering.repeat or cursor.offset < cursor.per_epoch):
+            epoch, offset = cursor.stream_epoch, cursor.stream_offset
+        else:
+            origin = None
+            epoch, offset = cursor.epoch, cursor.offset
+            if offset >= cursor.per_epoch and (cursor.per_epoch > 0 or cursor.origin):
+                epoch, offset = epoch + 1, 0
+        state = describe_here(epoch, offset, cursor.num_workers, origin)
+        if ctx.in_worker:
+            state.update(worker_id=ctx.worker, role=cursor.role)
+        return state
+
+    def load(
+        self,
+        state: Mapping[str, Any],
+        ctx: Context,
+        fingerprint: str,
+        planner: Planner,
+        where: str,
+    ) -> None:
+        """Make the next iteration start where ``state`` says (``ds.load_state_dict``), for the
+        dataset ``where`` whose manifest rows have ``fingerprint``."""
+        epoch, offset = int(state["epoch"]), int(state["offset"])
+        if offset < 0 or epoch < 0:
+            raise ValueError(f"a state needs a non-negative epoch and offset, got {dict(state)}")
+        theirs = state.get("fingerprint")
+        if theirs is not None and theirs != fingerprint:
+            raise ValueError(
+                f"this state was taken on another dataset: its manifest fingerprint is {theirs}, "
+                f"{where} has {fingerprint}; resume on the dataset and episode selection the "
+                "checkpoint was taken on"
+            )
+        self.batch_size = max(1, int(state.get("batch_size") or 1))
+        worker_state = "worker_id" in state
+        self.check_workers = None
+        self.next_origin = None
+        self.worker_state = dict(state) if worker_state else None
+        self.next = (epoch, offset)
+        if "world_size" in state:  # a full state: the layout and settings are known
+            checkpoint = checkpoint_of(state, ctx.workers)
+            same = (checkpoint.layout.world_size, checkpoint.layout.workers) == (
+                ctx.world_size,
+                ctx.workers,
+            )
+            if same and checkpoint.ordering == ctx.ordering:
+                self.next_origin = checkpoint.origin
+            elif worker_state:
+                raise ValueError(
+                    "this is a StatefulDataLoader worker's state, taken under another layout or "
+                    "other settings (world size, workers, seed, shuffle, buffer, budget, pad, "
+                    "repeat): elastic resume needs the rank's state, "
+                    "ds.state_dict(num_samples=..., batch_size=...)"
+                )
+            elif state["num_workers"] is None:
+                raise ValueError(
+                    "this state does not record how many DataLoader workers produced it (set "
+                    "ds.num_workers to the loader's num_workers before ds.state_dict), so it "
+                    "cannot resume under another world size or other settings"
+                )
+            else:
+                self.next = (planner.rest_epoch(checkpoint), 0)
+                self.next_origin = checkpoint
+            if state["num_workers"] is not None and not worker_state:
+                self.check_workers = ctx.workers
+        self.current, self.current_origin = self.next, self.next_origin
+        self.pending = True
+        self.cursor = None
+
+    def start(
+        self, ctx: Context, planner: Planner, first_part: int, num_workers: int
+    ) -> tuple[Part, Iterator[Part], Cursor]:
+        """Begin an iteration: the part it streams (its rank's ``first_part + role``), the
+        parts of the epochs after it, and its cursor. ``num_workers`` is what the state
+        records (``ds.num_workers`` in process, the loader's in a worker)."""
+        epoch, offset = self.next
+        origin = self.next_origin
+        self.next = (epoch + 1, 0)
+        self.current, self.current_origin = (epoch, offset), origin
+        self.next_origin = None
+        workers = ctx.workers
+        expected, self.check_workers = self.check_workers, None
+        if expected is not None and expected != workers:
+            raise ValueError(
+                f"the state was loaded for {expected} DataLoader worker(s) per rank, but this "
+                f"loader has {workers}: set ds.num_workers = {workers} before load_state_dict"
+            )
+        num_parts = ctx.world_size * workers
+        resume, self.worker_state = self.worker_state, None
+        self.pending = False
+        if resume is not None:
+            if (resume["worker_id"], resume["num_workers"]) != (ctx.worker, workers):
+                raise ValueError(
+                    f"this state is DataLoader worker {resume['worker_id']}'s of "
+                    f"{resume['num_workers']}, loaded into worker {ctx.worker} of {workers}: "
+                    "load a StatefulDataLoader's state into a loader with the same num_workers"
+                )
+            role, taken = int(resume["role"]), offset
+        elif workers == 1:
+            role, taken = 0, offset
+        else:
+            ordering = ctx.ordering
+            per_worker = [
+                planner.locate(origin, epoch, ordering, num_parts, first_part + w, 0)[0]
+                for w in range(workers)
+            ]
+            consumed, nxt = consumed_per_worker(
+                offset, [p.num_samples for p in per_worker], self.batch_size, ordering.repeat
+            )
+            role = (nxt + ctx.worker) % workers
+            taken = consumed[role]
+        part, k, following = planner.locate(
+            origin, epoch, ctx.ordering, num_parts, first_part + role, taken
+        )
+        if origin is not None:
+            self.next = (part.epoch + 1, 0)
+        rest = origin if part.positions is not None else None
+        cursor = Cursor(role, part.epoch, k, part.num_samples, rest, epoch, taken, num_workers)
+        self.cursor = cursor
+        return part, following, cursor

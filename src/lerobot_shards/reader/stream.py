@@ -1,0 +1,231 @@
+"""One part's stream of items: the planner's events in, LeRobot items out.
+
+The wiring of the pure planner to the I/O. The part's plan (and, with ``repeat``, the next
+epochs' parts) is read ``frame_lookahead`` draws ahead so the frame cache knows which frames
+are drawn soon; admissions are fetched, verified and demuxed ahead in a small thread pool
+(``fetch.Prefetcher``, within the pool budget); each draw decodes its frame's GOP (on decode
+threads, ``decode_ahead`` draws ahead, when there are cores to spare) through the episode's
+cameras and the shared :class:`FrameCache`, and builds the item as LeRobot does
+(``episode.Episode.item``), in a DataLoader worker straight into the next batch's shared slots.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import fsspec
+import numpy as np
+
+from lerobot_shards.items import ItemSpec
+from lerobot_shards.reader import transfer
+from lerobot_shards.reader.elastic import Ordering, Part
+from lerobot_shards.reader.episode import Episode, load_episode
+from lerobot_shards.reader.fetch import ADMIT, EVICT, Prefetcher, read_span
+from lerobot_shards.reader.frame_cache import FrameCache, read_ahead
+from lerobot_shards.reader.meta import Selection
+from lerobot_shards.reader.plan import Admit, Draws, Evict
+from lerobot_shards.reader.state import Cursor
+
+
+@dataclass(frozen=True)
+class StreamOptions:
+    """How a part is streamed: what items hold and the fetching and decoding knobs."""
+
+    spec: ItemSpec
+    tasks: list[str]
+    """Task string by ``task_index``."""
+    backend: str
+    decode_threads: int
+    """Threads decoding the GOPs of upcoming draws (0: each GOP when first drawn, inline)."""
+    decode_ahead: int
+    frame_lookahead: int
+    prefetch_depth: int
+    fetch_threads: int
+    fetch_retries: int
+    shared_batches: bool
+    """Write frames into the DataLoader worker's shared batch slots (``transfer.BatchArena``)."""
+
+
+def decode_thread_count(requested: int | None, processes: int) -> int:
+    """Decode threads for one of ``processes`` iterating processes: ``requested``, or the usable
+    cores shared out over them, none when there are no more cores than processes (each
+    process's own thread then keeps its core busy: more threads would only contend for it)."""
+    if requested is not None:
+        return requested
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = cores or 1
+    return cores // processes if cores > processes else 0
+
+
+def fetch_episode(
+    selection: Selection,
+    episode: int,
+    fs: fsspec.AbstractFileSystem,
+    spec: ItemSpec,
+    backend: str,
+    retries: int,
+) -> Episode:
+    """Fetch, verify and demux ``episode`` (in prefetch threads); frames decode when drawn."""
+    span = selection.span(episode)
+    return load_episode(
+        read_span(fs, span, retries=retries),
+        selection.members(episode),
+        episode_index=episode,
+        length=selection.length(episode),
+        shard=span.path,
+        spec=spec,
+        backend=backend,
+    )
+
+
+def stream_part(
+    part: Part,
+    following: Iterator[Part],
+    cursor: Cursor,
+    *,
+    ordering: Ordering,
+    selection: Selection,
+    fs: fsspec.AbstractFileSystem,
+    cache_bytes: int,
+    options: StreamOptions,
+    stats: dict[str, int],
+) -> Iterator[dict]:
+    """The items of ``part`` from ``cursor.offset`` on (then, with ``ordering.repeat``, of the
+    ``following`` epochs' parts), moving ``cursor`` along and recording peaks in ``stats``."""
+    if part.num_samples == 0 or cursor.offset >= part.num_samples:
+        return
+    parts_of: dict[int, Part] = {}
+    cache = FrameCache(cache_bytes)
+    spec = options.spec
+    registered = 0  # draws whose frames the cache has been told about
+
+    def events() -> Iterator[tuple[int, Any]]:
+        nonlocal registered
+        current, start = part, cursor.offset
+        while True:
+            parts_of[current.epoch] = current
+            lengths = selection.lengths_of(current.episodes)
+            for event in current.plan(ordering, selection.cost, start):
+                if type(event) is Draws:
+                    registered = expect_frames(cache, registered, current, lengths, event, spec)
+                yield current.epoch, event
+            if not ordering.repeat:
+                return
+            current, start = next(following), 0
+
+    def classify(step: tuple[int, Any]) -> tuple[str | None, Any]:
+        epoch, event = step
+        if type(event) is Admit:
+            return ADMIT, (epoch, event.piece)
+        if type(event) is Evict:
+            return EVICT, (epoch, event.piece)
+        return None, None
+
+    def size(key: tuple[int, int]) -> int:
+        epoch, piece = key
+        p = parts_of[epoch]
+        return selection.cost(int(p.episodes[piece]), int(p.starts[piece]), int(p.stops[piece]))
+
+    def load(key: tuple[int, int]) -> Episode:
+        epoch, piece = key
+        episode = int(parts_of[epoch].episodes[piece])
+        return fetch_episode(selection, episode, fs, spec, options.backend, options.fetch_retries)
+
+    prefetcher = Prefetcher(
+        load,
+        size,
+        byte_budget=ordering.byte_budget,
+        depth=options.prefetch_depth,
+        threads=options.fetch_threads,
+    )
+    threads = options.decode_threads
+    decoder = ThreadPoolExecutor(threads, "lerobot-shards-decode") if threads else None
+    pool = transfer.worker_pool() if options.shared_batches else None
+    arena = pool.arena if pool is not None else None
+    resident: dict[tuple[int, int], Episode] = {}
+    fetched = 0
+    drawn = 0
+    planned = read_ahead(events(), _draw_count, options.frame_lookahead)
+    try:
+        for (epoch, event), value in prefetcher.run(planned, classify):
+            kind = type(event)
+            if kind is Draws:
+                if epoch != cursor.epoch:  # the stream ran on into the next epoch
+                    cursor.advance(parts_of[epoch])
+                    for old in [e for e in parts_of if e < epoch - 1]:
+                        del parts_of[old]
+                current = parts_of[epoch]
+                run = [
+                    (resident[(epoch, piece)], current.position(piece, frame))
+                    for piece, frame in zip(
+                        event.pieces.tolist(), event.frames.tolist(), strict=True
+                    )
+                ]
+                # A run ends before the next eviction, so every episode it draws from is
+                # resident until it ends: decoding ahead within it never outlives a piece.
+                ahead = 0
+                for n, (episode, position) in enumerate(run):
+                    cache.now = drawn
+                    if decoder is not None:
+                        while ahead < len(run) and ahead <= n + options.decode_ahead:
+                            run[ahead][0].schedule(run[ahead][1], spec, decoder)
+                            ahead += 1
+                    slots = arena.slots() if arena is not None else None
+                    item = episode.item(position, spec, options.tasks, slots)
+                    drawn += 1
+                    memory = fetched + cache.nbytes
+                    stats["peak_resident_memory"] = max(stats["peak_resident_memory"], memory)
+                    cursor.offset += 1
+                    cursor.stream_offset += 1
+                    yield item
+            elif kind is Admit:
+                value.attach(cache, (epoch, event.piece))
+                resident[(epoch, event.piece)] = value
+                fetched += value.fetched
+                stats["peak_budget_bytes"] = max(stats["peak_budget_bytes"], prefetcher.peak_bytes)
+            else:
+                fetched -= resident.pop((epoch, event.piece)).fetched
+                cache.forget((epoch, event.piece))
+    finally:
+        if decoder is not None:
+            decoder.shutdown(wait=True, cancel_futures=True)
+        stats["peak_budget_bytes"] = max(stats["peak_budget_bytes"], prefetcher.peak_bytes)
+        stats["peak_frame_cache_bytes"] = max(stats["peak_frame_cache_bytes"], cache.peak_bytes)
+        stats["frames_from_cache"] += cache.decodes_saved
+
+
+def expect_frames(
+    cache: FrameCache,
+    first: int,
+    part: Part,
+    lengths: np.ndarray,
+    draws: Draws,
+    spec: ItemSpec,
+) -> int:
+    """Tell ``cache`` which frames each of ``draws`` (numbered from ``first``) will take;
+    returns the next draw's number."""
+    epoch = part.epoch
+    cameras = [(key, spec.deltas.get(key)) for key in spec.video_keys]
+    draw = first
+    for piece, frame in zip(draws.pieces.tolist(), draws.frames.tolist(), strict=True):
+        position = part.position(piece, frame)
+        tag = (epoch, piece)
+        keys = []
+        for key, offsets in cameras:
+            if offsets is None:
+                keys.append((tag, key, position))
+            else:
+                shown = np.clip(position + offsets, 0, int(lengths[piece]) - 1).tolist()
+                keys += [(tag, key, p) for p in shown]
+        cache.expect(draw, keys)
+        draw += 1
+    return draw
+
+
+def _draw_count(step: tuple[int, Any]) -> int:
+    event = step[1]
+    return len(event.pieces) if type(event) is Draws else 0
