@@ -1,8 +1,12 @@
-"""Planner speed (issue 6): draws/s against the linear-walk reference, resume, a huge manifest.
+"""Planner speed (issue 6): draws/s against the plain reference, resume, a huge manifest.
 
     python scripts/bench_plan.py [--draws 100000] [--buffer-size 1024] [--rounds 5]
 
-Synthetic frame counts (uniform 100..900 frames per episode, like robot episodes), no I/O.
+Synthetic frame counts (uniform 100..900 frames per episode, like robot episodes), no I/O; frames
+grouped in pairs as the reader plans them. Issue 6 set ``>= 20x`` against a reference that
+walked the pool for every draw; the pool now picks a resident uniformly (issue 13), which the
+reference does in one Python step per draw, so the ratio only says what batching the picks in
+numpy saves.
 Prints wall time (the targets) and the CPU time of this process (what the machine's other
 load does not inflate).
 """
@@ -24,7 +28,12 @@ import pyarrow.parquet as pq
 
 from lerobot_shards.format import MANIFEST_SCHEMA, read_manifest, shard_path
 from lerobot_shards.reader.partition import split_parts
-from lerobot_shards.reader.plan import first_draws, iter_reference_draws, plan_part
+from lerobot_shards.reader.plan import (
+    READER_GROUP,
+    first_draws,
+    iter_reference_draws,
+    plan_part,
+)
 
 
 def machine() -> str:
@@ -66,20 +75,30 @@ def bench_draws(draws: int, buffer_size: int, rounds: int) -> None:
         reference, ref_wall, ref_cpu = timed(
             lambda: list(
                 itertools.islice(
-                    iter_reference_draws(counts, buffer_size=buffer_size, seed=0, epoch=0), draws
+                    iter_reference_draws(
+                        counts, buffer_size=buffer_size, seed=0, epoch=0, group=READER_GROUP
+                    ),
+                    draws,
                 )
             )
         )
         planned, wall, cpu = timed(
             lambda: first_draws(
-                plan_part(pieces, None, buffer_size=buffer_size, byte_budget=None, seed=[0, 0]),
+                plan_part(
+                    pieces,
+                    None,
+                    buffer_size=buffer_size,
+                    byte_budget=None,
+                    seed=[0, 0],
+                    group=READER_GROUP,
+                ),
                 draws,
             )
         )
         episodes_drawn = pieces.episodes[planned[0]].tolist()
         if list(zip(episodes_drawn, planned[1].tolist(), strict=True)) != reference:
             raise SystemExit("the planner's order differs from the reference")
-        print(row.format(r, "reference linear walk", draws / ref_wall, draws / ref_cpu))
+        print(row.format(r, "reference", draws / ref_wall, draws / ref_cpu))
         print(row.format(r, "plan_part (events)", draws / wall, draws / cpu))
         walls.append(ref_wall / wall)
         cpus.append(ref_cpu / cpu)
@@ -88,7 +107,7 @@ def bench_draws(draws: int, buffer_size: int, rounds: int) -> None:
     cpu_spread = f"[{min(cpus):.1f}-{max(cpus):.1f}]"
     print(
         f"  ratio (median round) {np.median(walls):8.1f} x wall {wall_spread}   "
-        f"{np.median(cpus):.1f} x cpu {cpu_spread}   (target >= 20x)"
+        f"{np.median(cpus):.1f} x cpu {cpu_spread}"
     )
 
 
@@ -96,7 +115,13 @@ def bench_resume(buffer_size: int, total: int = 10_000_000, offset: int = 5_000_
     lengths = synthetic_lengths(total // 500, total)
     pieces = split_parts(np.arange(len(lengths)), lengths, 1, seed=0, epoch=0)[0]
     events = plan_part(
-        pieces, None, buffer_size=buffer_size, byte_budget=None, seed=[0, 0], start=offset
+        pieces,
+        None,
+        buffer_size=buffer_size,
+        byte_budget=None,
+        seed=[0, 0],
+        start=offset,
+        group=READER_GROUP,
     )
     _, wall, cpu = timed(lambda: first_draws(events, 1))
     print(f"resume at offset {offset:,} of a {int(lengths.sum()):,}-frame epoch "
