@@ -1,6 +1,6 @@
 """Run the converter's episodes as Ray tasks on a cluster, with back-pressure.
 
-Each task runs ``run.convert_episode``, the same function the local executor runs, so both write
+Each task runs ``job.convert_episode``, the same function the local executor runs, so both write
 the same bytes. The driver keeps at most ``max_in_flight`` tasks submitted and not yet collected
 (so a million-episode dataset never means a million queued tasks or results held at once), and
 yields each task's manifest row as it finishes; ``run.convert`` shows progress and writes the
@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from types import ModuleType
 
-from lerobot_shards.converter.run import ConvertError, JobArgs, convert_episode
+from lerobot_shards.converter.job import ConvertError, JobArgs, convert_episode
 from lerobot_shards.format import ManifestRow
 
 INSTALL_HINT = "pip install 'lerobot-shards[ray]'"

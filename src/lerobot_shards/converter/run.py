@@ -1,7 +1,7 @@
 """The conversion driver: episodes in parallel, resumable, with progress; ``convert()``.
 
-Every executor runs the same per-episode function, ``convert_episode``: in this process, in a
-local process pool, or as Ray tasks on a cluster (``ray_executor``). The driver alone decides
+Every executor runs the same per-episode function, ``job.convert_episode``: in this process, in
+a local process pool, or as Ray tasks on a cluster (``ray_executor``). The driver alone decides
 what to convert, shows progress and writes the dataset-level files.
 
 Resume works from small per-episode records: after an episode's shard is in place, its manifest
@@ -21,7 +21,7 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import fsspec
 import pyarrow as pa
@@ -31,9 +31,19 @@ from tqdm.auto import tqdm
 
 from lerobot_shards import __version__
 from lerobot_shards.converter.cut import DEFAULT_TOLERANCE_S
-from lerobot_shards.converter.shard import TMP_SUFFIX, write_episode_shard
+from lerobot_shards.converter.job import (
+    DONE_DIR,
+    STATE_DIR,
+    ConvertError,
+    JobArgs,
+    convert_episode,
+    forget_job,
+    job_for,
+    record_path,
+    row_from_json,
+)
+from lerobot_shards.converter.shard import TMP_SUFFIX
 from lerobot_shards.format import (
-    EPISODES_PER_SHARD_DIR,
     FORMAT_VERSION,
     INDEX_FILE,
     INFO_FILE,
@@ -44,22 +54,17 @@ from lerobot_shards.format import (
     TASKS_FILE,
     DatasetIndex,
     ManifestRow,
-    Member,
     checksum,
-    episode_key,
     join,
     write_manifest,
 )
 from lerobot_shards.source import Source, open_source
 
-STATE_DIR = ".convert"
+# ConvertError, JobArgs, convert_episode, STATE_DIR and DONE_DIR live in ``job`` (``ray_executor``
+# needs them too) and are importable from here as well.
+
 OPTIONS_FILE = f"{STATE_DIR}/options.json"
-DONE_DIR = f"{STATE_DIR}/done"
 EXECUTORS = ("local", "ray")
-
-
-class ConvertError(RuntimeError):
-    """The conversion cannot start or an episode failed; the message says which and why."""
 
 
 @dataclass
@@ -255,11 +260,6 @@ def _remove_stale_temp_files(fs: fsspec.AbstractFileSystem, root: str) -> None:
                 fs.rm_file(path)
 
 
-def _record_path(root: str, episode_index: int) -> str:
-    chunk = episode_index // EPISODES_PER_SHARD_DIR
-    return join(root, f"{DONE_DIR}/{chunk:03d}/{episode_key(episode_index)}.json")
-
-
 def _finished_records(
     fs: fsspec.AbstractFileSystem, root: str, selected: list[int]
 ) -> dict[int, ManifestRow]:
@@ -275,27 +275,17 @@ def _finished_records(
     }
     done = {}
     for i in selected:
-        path = _record_path(root, i)
+        path = record_path(root, i)
         if path not in records:
             continue
         with fs.open(path, "rb") as f:
             try:
-                row = _row_from_json(f.read())
+                row = row_from_json(f.read())
             except (ValueError, TypeError, KeyError):
                 continue
         if row.episode_index == i and sizes.get(row.shard) == row.size:
             done[i] = row
     return done
-
-
-def _row_to_json(row: ManifestRow) -> bytes:
-    return json.dumps(asdict(row)).encode()
-
-
-def _row_from_json(data: bytes) -> ManifestRow:
-    raw = json.loads(data)
-    raw["members"] = [Member(**m) for m in raw["members"]]
-    return ManifestRow(**raw)
 
 
 def _protocols(fs: fsspec.AbstractFileSystem) -> tuple[str, ...]:
@@ -312,54 +302,6 @@ def _absolute(url: str) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class JobArgs:
-    """What any process (a pool worker, a Ray worker) needs to convert one episode."""
-
-    source: str
-    storage_options: dict | None
-    dest: str
-    dest_storage_options: dict | None
-    tolerance_s: float
-    run_id: str
-    """Unique per ``convert()`` call: a long-lived worker reopens the source for a new run."""
-
-
-class _Job:
-    """The source and destination opened once per process and run, reused across episodes."""
-
-    def __init__(self, args: JobArgs, src: Source | None = None) -> None:
-        self.args = args
-        self.src = src or open_source(args.source, args.storage_options)
-        self.fs, root = fsspec.core.url_to_fs(args.dest, **(args.dest_storage_options or {}))
-        self.root = root.rstrip("/") or "/"
-
-
-_PROCESS_JOB: _Job | None = None
-
-
-def _job_for(args: JobArgs, src: Source | None = None) -> _Job:
-    global _PROCESS_JOB
-    if _PROCESS_JOB is None or _PROCESS_JOB.args != args:
-        _PROCESS_JOB = _Job(args, src)
-    return _PROCESS_JOB
-
-
-def convert_episode(args: JobArgs, episode_index: int) -> ManifestRow:
-    """The per-episode work every executor runs: write the shard, then its resume record.
-
-    Idempotent, so a retry after a crash is safe: the shard appears atomically (temp file and
-    rename, or one upload) with the same bytes every time, and the record is rewritten.
-    """
-    job = _job_for(args)
-    row = write_episode_shard(job.src, episode_index, job.fs, job.root, args.tolerance_s)
-    record = _record_path(job.root, episode_index)
-    job.fs.makedirs(posixpath.dirname(record), exist_ok=True)
-    with job.fs.open(record, "wb") as f:
-        f.write(_row_to_json(row))
-    return row
-
-
 def _run_local(
     args: JobArgs, src: Source, todo: list[int], workers: int, in_flight: int
 ) -> Iterator[ManifestRow]:
@@ -368,13 +310,12 @@ def _run_local(
     if not todo:
         return
     if workers <= 1:
-        global _PROCESS_JOB
-        _job_for(args, src)  # reuse the driver's open source
+        job_for(args, src)  # reuse the driver's open source
         try:
             for i in todo:
                 yield _checked(args, i)
         finally:
-            _PROCESS_JOB = None
+            forget_job()
         return
     # A forkserver where the platform has one: forking the caller, whose threads (pyarrow's,
     # fsspec's, torch's) may hold locks, can leave a worker blocked forever on a lock no thread
