@@ -1,10 +1,10 @@
-"""Planner speed (issue 6): draws/s against the plain reference, resume, a huge manifest.
+"""Planner speed: draws/s against the plain reference, resume, a huge manifest.
 
     python scripts/bench_plan.py [--draws 100000] [--buffer-size 1024] [--rounds 5]
 
 Synthetic frame counts (uniform 100..900 frames per episode, like robot episodes), no I/O; frames
-grouped in pairs as the reader plans them. Issue 6 set ``>= 20x`` against a reference that
-walked the pool for every draw; the pool now picks a resident uniformly (issue 13), which the
+grouped in pairs as the reader plans them. The ``>= 20x`` target was set against a reference
+that walked the pool for every draw; the pool now picks a resident uniformly, which the
 reference does in one Python step per draw, so the ratio only says what batching the picks in
 numpy saves.
 Prints wall time (the targets) and the CPU time of this process (what the machine's other

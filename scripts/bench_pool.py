@@ -1,4 +1,4 @@
-"""The pool at real scale (issue 13): throughput, memory and mixing over whole epochs of datasets
+"""The pool at real scale: throughput, memory and mixing over whole epochs of datasets
 with several times more episodes than the pool holds, beside LeRobot's way of loading them.
 
 Datasets (generated once and cached by the test factory, as LeRobot v3.0 records them: AV1 GOP 2

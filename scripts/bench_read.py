@@ -1,4 +1,4 @@
-"""Reader throughput beside its baselines, side by side in one run on the same data (issues 4, 6).
+"""Reader throughput against its baselines and targets, side by side in one run on the same data.
 
 Generates (once, cached) a LeRobot v3.0 dataset with the test factory, as LeRobot records it:
 24 episodes of 60-100 frames, two cameras at 480x640, AV1 GOP 2 (crf 30), realistic content,

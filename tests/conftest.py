@@ -101,7 +101,7 @@ def to_memory() -> Iterator[Callable[[Path], str]]:
         fs.rm(root, recursive=True)
 
 
-# --- S3 (issue 5): moto's standalone server on loopback, a recording/fault proxy in front ---
+# --- S3: moto's standalone server on loopback, a recording/fault proxy in front ---
 
 
 @pytest.fixture(scope="session")

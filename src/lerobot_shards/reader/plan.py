@@ -1,7 +1,7 @@
 """The exact-coverage episode pool: the order in which one part's frames are drawn.
 
-Pure and numpy only. :func:`reference_draws` is the algorithm of record (issue 4), written as a
-plain linear walk; :func:`plan_part` produces the same order draw for draw, fast enough to skip
+Pure and numpy only. :func:`reference_draws` is the reference algorithm, written as a plain
+linear walk; :func:`plan_part` produces the same order draw for draw, fast enough to skip
 millions of draws on resume, and reports what it admits (so the reader can prefetch) and evicts
 (so it can release bytes).
 
