@@ -1,9 +1,11 @@
 """Elastic resume planning (reader/elastic.py): consumed before plus yielded after is every
 frame of the epoch exactly once, for any old and new layout, offset and settings.
 
-The consumed frames are found here independently of the module: each old part's draws come
-straight from ``split_parts`` + ``plan_part`` (as the reader streams a fresh epoch) and each
-part's share of the offset from the DataLoader round-robin arithmetic.
+The consumed frames are found here without elastic.py: each old part's draws come straight
+from ``split_parts`` + ``plan_part`` (as the reader streams a fresh epoch; with a single part,
+checked here against the plain reference walk ``reference_draws``), and each part's share of the
+offset from a batch-by-batch run of the DataLoader's round-robin over a rank's workers
+(:func:`taken_per_part`), not from elastic.py's arithmetic (``consumed_per_worker``).
 """
 
 from __future__ import annotations
@@ -15,16 +17,9 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from lerobot_shards.reader.elastic import (
-    Checkpoint,
-    Layout,
-    Ordering,
-    Part,
-    Planner,
-    consumed_per_worker,
-)
+from lerobot_shards.reader.elastic import Checkpoint, Layout, Ordering, Part, Planner
 from lerobot_shards.reader.partition import samples_per_part, split_parts
-from lerobot_shards.reader.plan import READER_GROUP, Draw, one_by_one, plan_part
+from lerobot_shards.reader.plan import READER_GROUP, Draw, one_by_one, plan_part, reference_draws
 
 
 def cost(episode: int, start: int, stop: int) -> int:
@@ -76,11 +71,44 @@ def part_draws(planner: Planner, part: Part, ordering: Ordering) -> list[int]:
     return out
 
 
+def reference_ids(episodes, lengths, ordering: Ordering, epoch: int) -> list[int]:
+    """A single part's frame ids in draw order by the plain reference walk (shuffled epochs)."""
+    begins = dict(zip(episodes, np.cumsum(lengths) - lengths, strict=True))
+    draws = reference_draws(
+        dict(zip(episodes, lengths, strict=True)),
+        {e: cost(e, 0, n) for e, n in zip(episodes, lengths, strict=True)},
+        buffer_size=ordering.buffer_size,
+        byte_budget=ordering.byte_budget,
+        seed=ordering.seed,
+        epoch=epoch,
+        group=READER_GROUP,
+    )
+    return [int(begins[e] + f) for e, f in draws]
+
+
 def taken_per_part(layout: Layout, per_part: list[int], offset: int, batch: int, repeat: bool):
+    """Samples each part (rank-major, a rank's workers in order) had yielded when every rank's
+    consumer had taken ``offset`` samples, by running the DataLoader batch by batch: a rank's
+    workers take turns, each yielding the next ``batch`` samples of its own stream (the last
+    batch of a finite stream short; with ``repeat`` the stream runs on and every batch is full),
+    an exhausted worker is skipped, and the consumer takes the batches in that order."""
     taken = []
     w = layout.workers
     for rank in range(layout.world_size):
-        taken += consumed_per_worker(offset, per_part[rank * w : (rank + 1) * w], batch, repeat)[0]
+        stream_lengths = per_part[rank * w : (rank + 1) * w]
+        yielded = [0] * w
+        wanted = offset
+        while wanted and (repeat or yielded != stream_lengths):
+            for worker in range(w):
+                left = batch if repeat else min(batch, stream_lengths[worker] - yielded[worker])
+                if not left:
+                    continue  # exhausted: the DataLoader skips it
+                got = min(left, wanted)  # the consumer may stop within a batch
+                yielded[worker] += got
+                wanted -= got
+                if not wanted:
+                    break
+        taken += yielded
     return taken
 
 
@@ -118,6 +146,8 @@ def test_consumed_plus_rest_is_every_frame_once(
     episodes = list(range(0, 2 * len(lengths), 2))
     planner = Planner(np.array(episodes), np.array(lengths), cost)
     old_draws = fresh_draws(episodes, lengths, old_ordering, old.num_parts, epoch)
+    if old.num_parts == 1 and old_ordering.shuffle:
+        assert old_draws[0] == reference_ids(episodes, lengths, old_ordering, epoch)
     per_rank = sum(len(d) for d in old_draws[: old.workers])
     offset = round(fraction * per_rank)
     taken = taken_per_part(old, [len(d) for d in old_draws], offset, batch, False)

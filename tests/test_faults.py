@@ -208,7 +208,7 @@ def _assert_same_items(got: list[dict], want: list[dict]) -> None:
                 assert a[key] == value, (int(b["index"]), key)
 
 
-WORKERS = [0, 2]  # direct iteration, and a DataLoader with forked workers
+WORKERS = [0, 2]  # direct iteration, and a DataLoader with 2 workers (from the forkserver)
 
 
 @pytest.mark.parametrize("num_workers", WORKERS)

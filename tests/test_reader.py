@@ -508,7 +508,8 @@ def s3_av1(s3_bucket, av1) -> str:
 
 
 def test_s3_with_dataloader_workers(s3_av1, s3_bucket, av1):
-    """Workers forked from a process that opened s3 make their own client and stream alike."""
+    """DataLoader workers (started from the forkserver, the dataset pickled to them) of a
+    dataset opened on s3 in the test process make their own client and stream alike."""
 
     def run(root, **kw):
         ds = ShardedLeRobotDataset(root, buffer_size=3, **kw)
