@@ -14,12 +14,14 @@ episodes on a rerun.
 from __future__ import annotations
 
 import json
+import os
 import posixpath
 from dataclasses import asdict, dataclass
 
 import fsspec
+from fsspec.implementations.local import LocalFileSystem
 
-from lerobot_shards.converter.shard import write_episode_shard
+from lerobot_shards.converter.shard import TMP_SUFFIX, write_episode_shard
 from lerobot_shards.format import (
     EPISODES_PER_SHARD_DIR,
     ManifestRow,
@@ -81,15 +83,23 @@ def forget_job() -> None:
 def convert_episode(args: JobArgs, episode_index: int) -> ManifestRow:
     """The per-episode work every executor runs: write the shard, then its resume record.
 
-    Idempotent, so a retry after a crash is safe: the shard appears atomically (temp file and
-    rename, or one upload) with the same bytes every time, and the record is rewritten.
+    Idempotent, so a retry after a crash is safe: the shard and then its record appear
+    atomically (temp file and rename, or one upload) with the same bytes every time.
     """
     job = job_for(args)
     row = write_episode_shard(job.src, episode_index, job.fs, job.root, args.tolerance_s)
     record = record_path(job.root, episode_index)
     job.fs.makedirs(posixpath.dirname(record), exist_ok=True)
-    with job.fs.open(record, "wb") as f:
-        f.write(row_to_json(row))
+    data = row_to_json(row)
+    if isinstance(job.fs, LocalFileSystem):
+        # Whole or absent: a record half-written when the process was killed would be seen
+        # (and its finished shard converted again) on the rerun.
+        tmp = f"{record}.{os.getpid()}{TMP_SUFFIX}"
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, record)
+    else:
+        job.fs.pipe_file(record, data)  # one upload: an object appears whole
     return row
 
 
