@@ -252,8 +252,9 @@ class ShardedLeRobotDataset(IterableDataset):
             tune_worker_malloc()  # allocator.py says why
         ctx = self._context()
         rank = self._layout()[0]
+        budget = self._budget(ctx.workers)
         if ctx.worker == 0:  # the workers' shares are equal: one warning says it for all
-            self._budget(ctx.workers).warn_if_small()
+            budget.warn_if_small()
         first = part_index(rank, ctx.world_size, 0, ctx.workers)[0]
         recorded = ctx.workers if in_worker else self.num_workers
         part, following, cursor = self._position.start(ctx, self._planner, first, recorded)
@@ -276,7 +277,7 @@ class ShardedLeRobotDataset(IterableDataset):
             ordering=ctx.ordering,
             selection=self.selection,
             fs=self.fs,  # resolved here, in the iterating process, not in the fetch threads
-            cache_bytes=self._budget(ctx.workers).cache,
+            cache_bytes=budget.cache,
             options=options,
             stats=self._stats,
         )
