@@ -36,11 +36,22 @@ code paths for other alignments."""
 _local = threading.local()  # per thread: the PyAV reformatter, swscale contexts
 _verdicts: dict[tuple, bool] = {}  # kind -> direct conversion equals PyAV's
 _libraries: tuple[Any, Any] | bool | None = False  # (swscale, avutil), None if unavailable
+_one_thread: dict[str, int] = {"threads": 1}  # reformat's keyword, emptied where PyAV lacks it
 
 
 def to_rgb24(frame: Any) -> torch.Tensor:
     """A decoded PyAV video frame as a new uint8 ``(H, W, 3)`` tensor, PyAV's pixels."""
-    return torch.from_numpy(_reformatter().reformat(frame, format="rgb24", threads=1).to_ndarray())
+    global _one_thread
+    reformatter = _reformatter()
+    if _one_thread:
+        try:
+            rgb = reformatter.reformat(frame, format="rgb24", **_one_thread)
+        except TypeError:  # PyAV < 16 has no ``threads``; its swscale runs on one thread anyway
+            _one_thread = {}
+            rgb = reformatter.reformat(frame, format="rgb24")
+    else:
+        rgb = reformatter.reformat(frame, format="rgb24")
+    return torch.from_numpy(rgb.to_ndarray())
 
 
 def write_rgb24(frame: Any, out: torch.Tensor) -> None:
