@@ -64,10 +64,11 @@ def verdict(ok: bool) -> str:
 
 
 def measure_reader(
-    shards: Path, args: argparse.Namespace, workers: int
+    shards: Path, args: argparse.Namespace, workers: int, collate_fn=None
 ) -> tuple[float, float, int, float]:
     """(samples/s, camera frames/s, samples, seconds) over whole epochs after a warm-up epoch,
-    through a DataLoader with ``workers`` workers (0: in process, decoding on threads)."""
+    through a DataLoader with ``workers`` workers (0: in process, decoding on threads) and
+    ``collate_fn`` (None: torch's default, what a training loop passes)."""
     stats = stream(
         str(shards),
         workers=workers,
@@ -76,6 +77,7 @@ def measure_reader(
         warmup_epochs=1,
         buffer_size=args.buffer_size,
         return_uint8=True,
+        collate_fn=collate_fn,
     )
     if stats.epoch_coverage != [1.0] * (1 + args.reader_epochs):
         raise SystemExit(f"reader: incomplete epochs, coverage {stats.epoch_coverage}")
@@ -132,14 +134,16 @@ def decode_file(job: tuple[str, str]) -> int:
         for frame in container.decode(stream):
             if how == "pyav-defaults":
                 frame.to_ndarray(format="rgb24")
-            else:
-                threads = 1 if how == "one-thread" else None
-                reformatter.reformat(frame, format="rgb24", threads=threads).to_ndarray()
+            elif how == "one-thread" and THREADS_KEYWORD:
+                reformatter.reformat(frame, format="rgb24", threads=1).to_ndarray()
+            else:  # PyAV < 16 has no threads keyword (its swscale runs on one thread)
+                reformatter.reformat(frame, format="rgb24").to_ndarray()
             count += 1
     return count
 
 
 CEILING_METHODS = ("pyav-defaults", "reused-scaler", "one-thread")
+THREADS_KEYWORD = int(av.__version__.split(".")[0]) >= 16
 
 
 def measure_ceiling(source: Path, workers: int) -> tuple[float, int, dict[str, float]]:
@@ -154,6 +158,59 @@ def measure_ceiling(source: Path, workers: int) -> tuple[float, int, dict[str, f
             frames = sum(pool.imap_unordered(decode_file, jobs, chunksize=1))
             rates[how] = frames / (time.perf_counter() - started)
     return max(rates.values()), frames, rates
+
+
+def other_collates() -> dict:
+    """The collate_fns a training loop may pass besides torch's default: this package's, and
+    LeRobot's ``lerobot_collate_fn`` where LeRobot is installed."""
+    from lerobot_shards import collate
+
+    collates = {"lerobot_shards.collate": collate}
+    try:
+        from lerobot.utils.collate import lerobot_collate_fn
+    except ImportError:
+        return collates
+    collates["lerobot_collate_fn"] = lerobot_collate_fn
+    return collates
+
+
+def lerobot_version() -> str:
+    from importlib.metadata import version
+
+    return version("lerobot")
+
+
+def measure_lerobot(source: Path, args: argparse.Namespace) -> tuple[float, int, float, str] | None:
+    """(samples/s, samples, seconds, video backend) of LeRobot's own ``LeRobotDataset`` as its
+    training script loads it; None where LeRobot is not installed."""
+    try:
+        from lerobot.datasets.lerobot_dataset import LeRobotDataset
+    except ImportError:
+        return None
+    ds = LeRobotDataset(f"bench/{source.name}", root=source, return_uint8=True)
+    loader = DataLoader(
+        ds,
+        batch_size=args.batch_size,
+        shuffle=True,
+        num_workers=args.workers,
+        persistent_workers=args.workers > 0,
+        worker_init_fn=one_thread if args.workers > 0 else None,
+        generator=torch.Generator().manual_seed(0),
+    )
+
+    def batches():
+        while True:
+            yield from loader
+
+    it = batches()
+    for _ in range(args.warmup_batches):
+        next(it)
+    samples = 0
+    started = time.perf_counter()
+    while time.perf_counter() - started < args.seconds:
+        samples += len(next(it)["index"])
+    elapsed = time.perf_counter() - started
+    return samples / elapsed, samples, elapsed, str(ds.video_backend)
 
 
 def measure_first_batch(shards: Path, args: argparse.Namespace, buffer_size: int) -> float:
@@ -337,7 +394,16 @@ def main() -> None:
                 f"{secs:.1f} s over {args.reader_epochs} whole epochs after a warm-up epoch)",
                 flush=True,
             )
-        rounds.append({"ceiling": ceiling, "readers": readers})
+        collates = {"default_collate": readers[args.workers][0]}
+        for name, collate_fn in other_collates().items():
+            collates[name] = measure_reader(shards, args, args.workers, collate_fn)[0]
+        print(
+            f"round {r + 1}: reader by collate_fn, {args.workers} workers: "
+            + ", ".join(f"{name} {rate:.1f}" for name, rate in collates.items())
+            + " samples/s",
+            flush=True,
+        )
+        rounds.append({"ceiling": ceiling, "readers": readers, "collates": collates})
     baseline, n, secs = measure_baseline(source, args)
     print(
         f"baseline: {baseline:7.1f} samples/s = {baseline * cameras:.1f} camera frames/s  "
@@ -345,6 +411,15 @@ def main() -> None:
         f"{secs:.1f} s)",
         flush=True,
     )
+    lerobots = measure_lerobot(source, args)
+    if lerobots is not None:
+        rate, n, secs, backend = lerobots
+        print(
+            f"LeRobot:  {rate:7.1f} samples/s  (LeRobot {lerobot_version()}'s own LeRobotDataset, "
+            f"return_uint8=True, video_backend={backend}, shuffling DataLoader, {args.workers} "
+            f"workers, default collate: its training configuration; {n} samples in {secs:.1f} s)",
+            flush=True,
+        )
     first = measure_first_batch(shards, args, args.buffer_size)
     small = 4
     first_small = measure_first_batch(shards, args, small)
@@ -367,6 +442,13 @@ def main() -> None:
             f"  reader ({where}) frames/s / ceiling:    {close:6.2f}   target >= 0.7  "
             f"{verdict(close >= 0.7)}  [{min(closeness):.2f}-{max(closeness):.2f}]"
         )
+    shares = [r["collates"]["default_collate"] / max(r["collates"].values()) for r in rounds]
+    share = float(np.median(shares))
+    names = ", ".join(rounds[0]["collates"])
+    print(
+        f"  default_collate / fastest collate: {share:6.2f}   target >= 0.9  "
+        f"{verdict(share >= 0.9)}  [{min(shares):.2f}-{max(shares):.2f}]  (of: {names})"
+    )
     print(
         f"  time to first batch:               {first:6.2f} s  target < 1 s   "
         f"{verdict(first < 1)}  (buffer_size={args.buffer_size})"

@@ -179,14 +179,16 @@ def test_other_dataset_is_refused(av1, monkeypatch):
         other.load_state_dict(state)
 
 
-def test_state_without_workers_cannot_change_layout(av1, monkeypatch):
+def test_a_state_that_does_not_know_its_workers_is_never_taken_nor_loaded(av1, monkeypatch):
     as_rank(monkeypatch, 0, 2)
-    ds = dataset(av1)
-    state = ds.state_dict(num_samples=8, batch_size=4)  # ds.num_workers not set: unknown
-    assert state["num_workers"] is None
-    as_rank(monkeypatch, 0, 3)
-    with pytest.raises(ValueError, match="does not record how many DataLoader workers"):
-        dataset(av1).load_state_dict(state)
+    ds = dataset(av1)  # ds.num_workers not set, never iterated here: the workers are unknown
+    with pytest.raises(ValueError, match="cannot tell how many DataLoader workers"):
+        ds.state_dict(num_samples=8, batch_size=4)
+    state = {**dataset(av1).state_dict(), "offset": 8, "num_workers": None}  # an old version's
+    for world in (2, 3):  # not even under the same world size
+        as_rank(monkeypatch, 0, world)
+        with pytest.raises(ValueError, match="does not record how many DataLoader workers"):
+            dataset(av1).load_state_dict(state)
 
 
 def test_rest_items_equal_fresh_items(av1, monkeypatch):

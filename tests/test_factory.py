@@ -168,7 +168,7 @@ def test_chunk_folders_after_chunks_size_files(tmp_path):
         tmp_path / "ds",
         episode_lengths=(3, 4, 2, 3, 2),
         chunks_size=2,
-        cameras={"observation.images.cam": (16, 16)},
+        cameras={"observation.images.cam": (32, 32)},
         data_files_size_in_mb=1e-6,
         video_files_size_in_mb=1e-6,
     )
@@ -328,7 +328,7 @@ def test_video_variants_share_encodings_between_equal_length_episodes(tmp_path):
     root = make_dataset(
         tmp_path / "v",
         episode_lengths=[6, 6, 6, 8, 6],
-        cameras={key: (16, 24)},
+        cameras={key: (32, 48)},
         content="realistic",
         video_variants=2,
     )
@@ -342,7 +342,7 @@ def test_video_variants_share_encodings_between_equal_length_episodes(tmp_path):
     assert np.array_equal(frames(2), frames(0)) and np.array_equal(frames(4), frames(0))
     assert not np.array_equal(frames(1), frames(0))  # variant 1: its own
     # Episode 3 is variant 1 but 8 frames long: its own encoding, all 8 frames there.
-    assert source[starts[3] + 7][key].shape == (3, 16, 24)
+    assert source[starts[3] + 7][key].shape == (3, 32, 48)
     assert int(source[starts[2] + 1]["frame_index"]) == 1  # rows still the episode's own
     stats = [{k: v for k, v in e.items() if k.startswith(f"stats/{key}/")} for e in _episodes(root)]
     assert stats[2] == stats[0] and stats[1] != stats[0]  # statistics of the frames shown

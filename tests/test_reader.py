@@ -153,7 +153,10 @@ def test_equals_what_lerobot_returned(shards, golden_dir, golden_delta_timestamp
 def test_meta(av1, golden_dir):
     ds = ShardedLeRobotDataset(av1)
     info = json.loads((golden_dir / AV1 / "meta" / "info.json").read_text())
-    assert ds.meta.fps == 10 and ds.meta.features == info["features"]
+    assert ds.meta.fps == 10
+    assert ds.meta.features == {  # shapes as tuples, as LeRobot loads them
+        key: {**ft, "shape": tuple(ft["shape"])} for key, ft in info["features"].items()
+    }
     assert (
         ds.meta.camera_keys
         == ds.meta.video_keys
@@ -162,9 +165,20 @@ def test_meta(av1, golden_dir):
             "observation.images.cam_left_wrist",
         ]
     )
-    assert ds.meta.tasks == ["stack the blocks", "push the T", "fold the towel", "open the lid"]
+    assert ds.meta.task_names == [
+        "stack the blocks",
+        "push the T",
+        "fold the towel",
+        "open the lid",
+    ]
     assert ds.meta.total_frames == FRAMES and ds.meta.total_episodes == 6
-    assert ds.meta.stats == json.loads((golden_dir / AV1 / "meta" / "stats.json").read_text())
+    stats = json.loads((golden_dir / AV1 / "meta" / "stats.json").read_text())
+    assert set(ds.meta.stats) == set(stats)
+    for key, values in stats.items():
+        assert set(ds.meta.stats[key]) == set(values), key
+        for name, value in values.items():
+            ours = ds.meta.stats[key][name]
+            assert isinstance(ours, np.ndarray) and np.array_equal(ours, value), (key, name)
     assert len(ds) == FRAMES and ds.padding == 0
 
 
@@ -396,6 +410,7 @@ def test_resume_dataloader(av1, num_workers, batch_size):
 
 def test_resume_dataloader_from_state_dict(av1):
     ds = ShardedLeRobotDataset(av1)
+    ds.num_workers = 2  # what a state taken from a DataLoader of one's own needs
     ds.set_epoch(2)
     taken = []
     for batch in DataLoader(ds, batch_size=4, num_workers=2):
@@ -407,6 +422,7 @@ def test_resume_dataloader_from_state_dict(av1):
     ds.set_epoch(2)
     full = flat_indices(DataLoader(ds, batch_size=4, num_workers=2))
     resumed = ShardedLeRobotDataset(av1)
+    resumed.num_workers = 2
     resumed.load_state_dict(state)
     resumed.set_epoch(2)  # a loop that calls set_epoch every epoch keeps the loaded offset
     assert taken == full[:28]

@@ -83,7 +83,8 @@ def run_demo(
 
     def normalise(batch: dict, key: str) -> torch.Tensor:
         stats = ds.meta.stats[key]
-        return (batch[key] - torch.tensor(stats["mean"])) / torch.tensor(stats["std"])
+        mean, std = (torch.as_tensor(stats[s], dtype=torch.float32) for s in ("mean", "std"))
+        return (batch[key] - mean) / std
 
     seen: Counter[int] = Counter()
     losses = []

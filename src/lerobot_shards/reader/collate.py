@@ -1,11 +1,24 @@
-"""A DataLoader ``collate_fn`` that batches camera frames without transposing them.
+"""How the reader's items are batched, whatever ``collate_fn`` the DataLoader was given.
 
-The reader hands out camera frames as channel-first ``permute`` views of the decoder's
-channel-last (HWC) frames. ``default_collate`` stacks those into a contiguous NCHW batch: a
-transposing copy that costs about half as much as decoding the frame. :func:`collate` stacks
-them channel-last instead (a plain copy) and returns the batch as an NCHW view of it, that is
-a ``torch.channels_last`` tensor: the same shape and values (``torch.equal``), which convolutions
-take as they are. Everything else is batched by ``default_collate``.
+Training loops pass their own ``collate_fn`` (LeRobot's ``lerobot_collate_fn``) or none, and
+both end in torch's ``default_collate``. So the reader types the tensors of its items: camera
+frames are :class:`CameraFrames`, every other tensor an :class:`ItemTensor`, and this module
+registers a batching function for each in torch's ``default_collate_fn_map`` (torch's
+documented way to teach ``default_collate`` a type). Any operation on them returns a plain
+tensor, and batches hold only plain tensors, so nothing else sees the types.
+
+What the functions do differently from torch's:
+
+- Frames are channel-first ``permute`` views of the decoder's channel-last (HWC) frames.
+  ``default_collate`` would stack them into a contiguous NCHW batch, a transposing copy that
+  costs about half as much as decoding the frame. Here they are stacked channel-last (a plain
+  copy, or none at all: ``transfer.BatchArena``) and the batch is an NCHW view of it, a
+  ``torch.channels_last`` tensor: the same shape and values (``torch.equal``), which
+  convolutions take as they are.
+- In a DataLoader worker, torch sends every batched tensor to the main process through a new
+  shared-memory file and a connection of its own. Here the cameras (and any other large
+  column) go through the worker's reused shared segments (``transfer.py``) and the small
+  columns by value, in the batch's own message.
 """
 
 from __future__ import annotations
@@ -16,11 +29,48 @@ from typing import Any
 import numpy as np
 import torch
 from torch.utils.data import default_collate, get_worker_info
+from torch.utils.data._utils.collate import default_collate_fn_map
 
 from lerobot_shards.reader import transfer
 
 
-def _channels_last_view(value: object) -> bool:
+class CameraFrames(transfer.TaggedTensor):
+    """Camera frames of a reader's item: a channel-first view of channel-last memory, batched
+    by ``default_collate`` with :func:`collate_frames`. In all else a plain tensor."""
+
+    camera: str
+    """The item's key for these frames."""
+
+
+class ItemTensor(transfer.TaggedTensor):
+    """Any other tensor of a reader's item (state, action, index, ...), batched by
+    ``default_collate`` with :func:`collate_item_tensors`. In all else a plain tensor."""
+
+
+class _ByValue(transfer.TaggedTensor):
+    """A small batched tensor that a DataLoader worker sends by value, in the batch's own
+    message, rather than through a shared-memory file and a connection of its own."""
+
+    def __reduce_ex__(self, protocol):
+        return torch.from_numpy, (self.as_subclass(torch.Tensor).numpy(),)
+
+
+def typed_item(item: Mapping[str, Any], camera_keys: Sequence[str]) -> dict[str, Any]:
+    """``item`` with its frames as :class:`CameraFrames` (where they are channel-first views of
+    channel-last memory) and its other tensors as :class:`ItemTensor`."""
+    typed = {}
+    for key, value in item.items():
+        if type(value) is torch.Tensor:
+            if key in camera_keys and channels_last_view(value):
+                value = value.as_subclass(CameraFrames)
+                value.camera = key
+            else:
+                value = value.as_subclass(ItemTensor)
+        typed[key] = value
+    return typed
+
+
+def channels_last_view(value: object) -> bool:
     """A (..., C, H, W) tensor whose memory is laid out (..., H, W, C), as the reader's frames."""
     return (
         isinstance(value, torch.Tensor)
@@ -30,51 +80,55 @@ def _channels_last_view(value: object) -> bool:
     )
 
 
-def _stack_channels_last(frames: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Stack channel-last (``..., H, W, C``) frames; return the batch as a channel-first view."""
-    first = frames[0]
-    shape = (len(frames), *first.shape)
-    if get_worker_info() is not None:  # as default_collate: the batch crosses to the main process
-        storage = torch.UntypedStorage._new_shared(
-            first.numel() * first.element_size() * len(frames)
-        )
-        out = torch.empty(0, dtype=first.dtype).set_(storage).view(shape)
-    else:
-        out = torch.empty(shape, dtype=first.dtype)
+def collate_frames(batch: Sequence[torch.Tensor], *, collate_fn_map=None) -> torch.Tensor:
+    """``default_collate``'s function for :class:`CameraFrames`: the frames stacked channel-last
+    (no transposing copy), as a channel-first tensor."""
+    plain = [f.as_subclass(torch.Tensor) for f in batch]
+    if not all(channels_last_view(f) and f.shape == plain[0].shape for f in plain):
+        return default_collate_fn_map[torch.Tensor](plain, collate_fn_map=collate_fn_map)
+    frames = [f.movedim(-3, -1) for f in plain]
+    pool = transfer.worker_pool() if get_worker_info() is not None else None
+    if pool is not None:
+        shared = pool.arena.take(batch[0].camera, frames)
+        if shared is None:
+            shared = transfer.share_stacked(frames, frames=True)
+        if shared is not None:
+            return shared
+    out = torch.empty((len(frames), *frames[0].shape), dtype=frames[0].dtype)
+    if get_worker_info() is not None:  # bound for the main process: torch's shared memory
+        out.share_memory_()
     # numpy copies on this thread; torch.stack would wake the intra-op thread pool, whose
     # spinning threads take the cores the decode threads need.
     np.stack([f.numpy() for f in frames], out=out.numpy())
     return out.movedim(-1, -3)
 
 
-def collate(batch: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Batch reader items: camera frames channel-last in memory, the rest as default_collate.
-
-    In a DataLoader worker the batch is written into a reused shared segment (``transfer.py``
-    says why) instead of fresh shared memory per tensor; camera frames the reader already
-    decoded into their rows of it (``transfer.BatchArena``) are not copied again. The main
-    process receives a plain dict.
-    """
-    first = batch[0]
-    frame_keys = [key for key, value in first.items() if _channels_last_view(value)]
-    pool = transfer.worker_pool() if get_worker_info() is not None else None
-    columns: dict[str, Any] = {}
-    to_stack = set()  # columns kept as lists of tensors, for the segment
-    for key in first:
-        values = [item[key] for item in batch]
-        if key in frame_keys:
-            columns[key] = [v.movedim(-3, -1) for v in values]
-        elif pool is not None and transfer.stackable(values):
-            columns[key] = values
-            to_stack.add(key)
-        else:
-            columns[key] = default_collate(values)
-    if pool is not None:
-        shared = transfer.pack(columns, frame_keys, pool)
+def collate_item_tensors(batch: Sequence[torch.Tensor], *, collate_fn_map=None) -> torch.Tensor:
+    """``default_collate``'s function for :class:`ItemTensor`: stacked as torch stacks them; in
+    a DataLoader worker, small batches are sent by value and large ones through the worker's
+    reused shared segments, not through a new shared-memory file each."""
+    plain = [v.as_subclass(torch.Tensor) for v in batch]
+    if get_worker_info() is None or not transfer.stackable(plain):
+        return default_collate_fn_map[torch.Tensor](plain, collate_fn_map=collate_fn_map)
+    first = plain[0]
+    if first.numel() * first.element_size() * len(plain) >= transfer.VIEW_BYTES:
+        shared = transfer.share_stacked(plain, frames=False)
         if shared is not None:
             return shared
-    for key in frame_keys:
-        columns[key] = _stack_channels_last(columns[key])
-    for key in to_stack:  # no segment was free: torch's way
-        columns[key] = default_collate(columns[key])
-    return columns
+        return default_collate_fn_map[torch.Tensor](plain, collate_fn_map=collate_fn_map)
+    out = torch.empty((len(plain), *first.shape), dtype=first.dtype)
+    np.stack([v.numpy() for v in plain], out=out.numpy())
+    return out.as_subclass(_ByValue)
+
+
+def collate(batch: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Batch reader items: torch's ``default_collate``, which batches them as this module says.
+
+    Any ``collate_fn`` that ends in ``default_collate`` (torch's default, LeRobot's
+    ``lerobot_collate_fn``) is as fast; this name is kept for loops written against it.
+    """
+    return default_collate(batch)
+
+
+default_collate_fn_map[CameraFrames] = collate_frames
+default_collate_fn_map[ItemTensor] = collate_item_tensors

@@ -123,8 +123,9 @@ class ShardedLeRobotDataset(IterableDataset):
         self._storage_options = dict(storage_options or {})
         self._fs, self._path = fsspec.core.url_to_fs(self.root, **self._storage_options)
         self._fs_pid = os.getpid()
-        self.meta = read_meta(self.fs, self._path, read_index(self.fs, self._path))
+        index = read_index(self.fs, self._path)  # first: it says whether this is a dataset
         self.selection = Selection.read(self.fs, self._path, episodes, self.root)
+        self.meta = read_meta(self.fs, self._path, index, self.selection.manifest, self.root)
         self.shuffle = shuffle
         self.seed = int(seed)
         self.buffer_size = int(buffer_size)
@@ -219,6 +220,13 @@ class ShardedLeRobotDataset(IterableDataset):
         every epoch, the resumed one included)."""
         self._position.set_epoch(epoch)
 
+    def begin_epoch(self) -> None:
+        """Record that DataLoader workers began iterating from this dataset's next position
+        (the next epoch, or the rest of a loaded state), so that ``state_dict(num_samples=...)``
+        counts from there. :class:`ShardedDataLoader` calls it; a loop with its own DataLoader
+        and persistent workers calls it after each ``iter(loader)``."""
+        self._position.begin_elsewhere()
+
     def state_dict(
         self, num_samples: int | None = None, batch_size: int | None = None
     ) -> dict[str, Any]:
@@ -251,6 +259,12 @@ class ShardedLeRobotDataset(IterableDataset):
         if in_worker:
             tune_worker_malloc()  # allocator.py says why
         ctx = self._context()
+        if in_worker and self.num_workers not in (0, ctx.workers):
+            raise ValueError(
+                f"ds.num_workers is {self.num_workers} but the DataLoader has {ctx.workers} "
+                f"workers: set ds.num_workers = {ctx.workers}, or use "
+                "lerobot_shards.ShardedDataLoader, which sets it"
+            )
         rank = self._layout()[0]
         budget = self._budget(ctx.workers)
         if ctx.worker == 0:  # the workers' shares are equal: one warning says it for all
@@ -260,7 +274,7 @@ class ShardedLeRobotDataset(IterableDataset):
         part, following, cursor = self._position.start(ctx, self._planner, first, recorded)
         options = StreamOptions(
             spec=self.spec,
-            tasks=self.meta.tasks,
+            tasks=self.meta.task_names,
             backend=self.video_backend,
             decode_threads=self._decode_threads(ctx.workers if in_worker else 1),
             decode_ahead=self.decode_ahead,

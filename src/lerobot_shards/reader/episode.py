@@ -30,6 +30,7 @@ from lerobot_shards.format import (
     video_member,
 )
 from lerobot_shards.items import EpisodeColumns, ItemSpec
+from lerobot_shards.reader.collate import typed_item
 from lerobot_shards.reader.decode import Video
 from lerobot_shards.reader.frame_cache import FrameCache, Key, Pending
 from lerobot_shards.reader.rgb24 import to_rgb24, write_rgb24
@@ -159,10 +160,11 @@ class Episode:
     ) -> dict:
         """The item for row ``position`` of the episode, as LeRobot builds it.
 
-        Camera frames are ``permute`` views of the decoded HWC frames (NCHW, as items take them):
-        the DataLoader's collate makes the one copy. ``slots[key]``, where given (a uint8
-        ``(T, H, W, 3)`` batch slot, ``transfer.BatchArena``), receives camera ``key``'s frames
-        instead, and the item's frames are views of it, which collate need not copy.
+        Camera frames are ``permute`` views of the decoded HWC frames (NCHW, as items take them),
+        typed for ``default_collate`` (``collate.py``), which makes the one copy, without
+        transposing. ``slots[key]``, where given (a uint8 ``(T, H, W, 3)`` batch slot,
+        ``transfer.BatchArena``), receives camera ``key``'s frames instead, and the item's
+        frames are views of it, which collate need not copy.
         """
         frames = {}
         for key, positions in spec.video_positions(position, self.length).items():
@@ -178,7 +180,9 @@ class Episode:
                 stack = torch.stack([camera.take(int(p)) for p in positions])
                 frames[key] = stack.permute(0, 3, 1, 2)
         task_index = int(self.columns.value("task_index", position))
-        return spec.build(self.columns, position, frames, tasks[task_index])
+        item = spec.build(self.columns, position, frames, tasks[task_index])
+        # Typed for default_collate, whatever collate_fn the DataLoader was given (collate.py)
+        return typed_item(item, spec.camera_keys)
 
 
 def load_episode(

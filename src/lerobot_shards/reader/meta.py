@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import fsspec
@@ -26,28 +25,182 @@ from lerobot_shards.format import (
 )
 from lerobot_shards.reader.fetch import Span
 
+LANGUAGE_COLUMNS = ("language_persistent", "language_events")
+"""The columns that make LeRobot's training loop collate with ``lerobot_collate_fn``."""
 
-@dataclass
+
+class EpisodeTable:
+    """Per-episode metadata, read as LeRobot's ``meta.episodes`` is: ``episodes["column"]``
+    gives a column as a list, ``episodes[i]`` row ``i`` as a dict (rows in episode order).
+
+    Columns: ``episode_index``, ``length``, ``dataset_from_index``, ``dataset_to_index``
+    (the episode's global frame indices, as LeRobot's).
+    """
+
+    def __init__(self, manifest: pa.Table) -> None:
+        start = manifest.column("dataset_from_index").to_numpy()
+        length = manifest.column("length").to_numpy()
+        self._columns = {
+            "episode_index": manifest.column("episode_index").to_pylist(),
+            "length": length.tolist(),
+            "dataset_from_index": start.tolist(),
+            "dataset_to_index": (start + length).tolist(),
+        }
+
+    @property
+    def column_names(self) -> list[str]:
+        return list(self._columns)
+
+    def __len__(self) -> int:
+        return len(self._columns["episode_index"])
+
+    def __getitem__(self, key: str | int) -> Any:
+        if isinstance(key, str):
+            if key not in self._columns:
+                raise KeyError(f"{key!r}: episodes have the columns {self.column_names}")
+            return list(self._columns[key])
+        return {name: column[key] for name, column in self._columns.items()}
+
+    def __repr__(self) -> str:
+        return f"EpisodeTable({len(self)} episodes, columns {self.column_names})"
+
+
 class DatasetMeta:
-    """The dataset's metadata, named as LeRobot's ``LeRobotDataset.meta`` names it."""
+    """A converted dataset's metadata, as LeRobot's ``LeRobotDatasetMetadata`` gives it: what
+    LeRobot's ``make_policy``, its processors and its training script read (``features``,
+    ``stats`` as numpy arrays, ``fps``, camera keys, ``tasks``, ``episodes``, totals, ...)."""
 
-    info: dict[str, Any]
-    fps: float
-    features: dict[str, Any]
-    camera_keys: list[str]
-    video_keys: list[str]
-    image_keys: list[str]
-    stats: dict[str, Any] | None
-    tasks: list[str]
-    """Task string by ``task_index``."""
-    total_frames: int
-    total_episodes: int
-    codebase_version: str
+    def __init__(
+        self,
+        info: dict[str, Any],
+        index: DatasetIndex,
+        stats: dict[str, Any] | None,
+        task_names: list[str],
+        manifest: pa.Table,
+        root: str,
+    ) -> None:
+        self.info = info
+        """``meta/info.json`` of the source dataset, as converted."""
+        self.root = root
+        self.repo_id: str = info.get("repo_id") or root
+        """The source's Hub id where the conversion recorded one, else the converted root."""
+        self.codebase_version: str = index.codebase_version
+        features = info.get("features", index.features)
+        self.features: dict[str, Any] = {  # shapes as tuples, as LeRobot loads them
+            key: {**ft, "shape": tuple(ft["shape"])} if "shape" in ft else dict(ft)
+            for key, ft in features.items()
+        }
+        self.fps: int | float = info.get("fps", index.fps)
+        self.video_keys: list[str] = list(index.video_keys)
+        self.camera_keys: list[str] = list(index.camera_keys)
+        self.image_keys: list[str] = [k for k in self.camera_keys if k not in self.video_keys]
+        self.stats = None if stats is None else _as_arrays(stats)
+        """Per feature, per statistic: numpy arrays, as LeRobot loads ``meta/stats.json``."""
+        self.task_names = task_names
+        """Task string by ``task_index``."""
+        self.total_frames: int = index.total_frames
+        self.total_episodes: int = index.total_episodes
+        self.episodes = EpisodeTable(manifest)
+
+    @property
+    def tasks(self) -> Any:
+        """A pandas ``DataFrame`` indexed by task string with a ``task_index`` column, as
+        LeRobot's (needs pandas, which LeRobot installs)."""
+        try:
+            import pandas as pd
+        except ImportError as exc:
+            raise ImportError(
+                "meta.tasks is a pandas DataFrame, as in LeRobot: pip install pandas (or use "
+                "meta.task_names, the task strings by task_index)"
+            ) from exc
+        frame = pd.DataFrame({"task_index": range(len(self.task_names))}, index=self.task_names)
+        frame.index.name = "task"
+        return frame
+
+    def get_task_index(self, task: str) -> int | None:
+        """``task``'s ``task_index``, or None if the dataset has no such task."""
+        try:
+            return self.task_names.index(task)
+        except ValueError:
+            return None
+
+    @property
+    def total_tasks(self) -> int:
+        return len(self.task_names)
+
+    @property
+    def robot_type(self) -> str | None:
+        return self.info.get("robot_type")
+
+    @property
+    def chunks_size(self) -> int | None:
+        return self.info.get("chunks_size")
+
+    @property
+    def data_files_size_in_mb(self) -> int | None:
+        return self.info.get("data_files_size_in_mb")
+
+    @property
+    def video_files_size_in_mb(self) -> int | None:
+        return self.info.get("video_files_size_in_mb")
+
+    @property
+    def data_path(self) -> str | None:
+        """The source's parquet path template (the shards do not use it)."""
+        return self.info.get("data_path")
+
+    @property
+    def video_path(self) -> str | None:
+        """The source's video path template (the shards do not use it)."""
+        return self.info.get("video_path")
+
+    @property
+    def names(self) -> dict[str, Any]:
+        return {key: ft.get("names") for key, ft in self.features.items()}
+
+    @property
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return {key: tuple(ft["shape"]) for key, ft in self.features.items()}
+
+    @property
+    def depth_keys(self) -> list[str]:
+        """Cameras whose feature info marks them as depth maps, by LeRobot's rule."""
+
+        def is_depth(ft: dict) -> bool:
+            info = ft.get("info") or {}
+            video_info = ft.get("video_info") or {}
+            return bool(
+                info.get("is_depth_map")
+                or info.get("video.is_depth_map")
+                or video_info.get("video.is_depth_map")
+            )
+
+        return [key for key, ft in self.features.items() if is_depth(ft)]
+
+    @property
+    def has_language_columns(self) -> bool:
+        return any(column in self.features for column in LANGUAGE_COLUMNS)
+
+    def __repr__(self) -> str:
+        return (
+            f"DatasetMeta({self.repo_id!r}, {self.total_episodes} episodes, "
+            f"{self.total_frames} frames, fps={self.fps}, cameras={self.camera_keys})"
+        )
 
 
-def read_meta(fs: fsspec.AbstractFileSystem, path: str, index: DatasetIndex) -> DatasetMeta:
-    """The metadata of the converted dataset at ``path`` (its ``index.json`` already read);
-    a missing or unreadable file raises ``FormatError`` naming it."""
+def _as_arrays(stats: Any) -> Any:
+    """Every list of numbers in ``stats`` as a numpy array (LeRobot's ``cast_stats_to_numpy``)."""
+    if isinstance(stats, dict):
+        return {key: _as_arrays(value) for key, value in stats.items()}
+    return np.array(stats)
+
+
+def read_meta(
+    fs: fsspec.AbstractFileSystem, path: str, index: DatasetIndex, manifest: pa.Table, root: str
+) -> DatasetMeta:
+    """The metadata of the converted dataset at ``path`` (its ``index.json`` and manifest
+    already read; ``root`` as the user gave it); a missing or unreadable file raises
+    ``FormatError`` naming it."""
 
     def read_json(relative: str, required: bool) -> Any:
         file = join(path, relative)
@@ -76,29 +229,18 @@ def read_meta(fs: fsspec.AbstractFileSystem, path: str, index: DatasetIndex) -> 
     tasks = [""] * (max(indices, default=-1) + 1)
     for i, task in zip(indices, table.column("task").to_pylist(), strict=True):
         tasks[i] = task
-    video_keys = list(index.video_keys)
-    return DatasetMeta(
-        info=info,
-        fps=index.fps,
-        features=info.get("features", index.features),
-        camera_keys=list(index.camera_keys),
-        video_keys=video_keys,
-        image_keys=[k for k in index.camera_keys if k not in video_keys],
-        stats=read_json(STATS_FILE, False),
-        tasks=tasks,
-        total_frames=index.total_frames,
-        total_episodes=index.total_episodes,
-        codebase_version=index.codebase_version,
-    )
+    return DatasetMeta(info, index, read_json(STATS_FILE, False), tasks, manifest, root)
 
 
 class Selection:
     """The manifest rows of the selected episodes, in episode order, as the arrays the planner
     and the fetcher use: ``episodes``, ``lengths`` (frames), ``sizes`` (shard bytes)."""
 
-    def __init__(self, table: pa.Table, path: str) -> None:
+    def __init__(self, table: pa.Table, path: str, manifest: pa.Table | None = None) -> None:
         self.table = table
         self.path = path
+        self.manifest = table if manifest is None else manifest
+        """Every episode's row, selected or not."""
         self.episodes = table.column("episode_index").to_numpy()
         self.lengths = table.column("length").to_numpy()
         self.sizes = table.column("size").to_numpy()
@@ -130,7 +272,7 @@ class Selection:
                 raise ValueError(
                     f"episodes {missing.tolist()} are not in {root} ({len(present)} episodes)"
                 )
-        return cls(table.take(rows), path)
+        return cls(table.take(rows), path, table)
 
     @property
     def fingerprint(self) -> str:

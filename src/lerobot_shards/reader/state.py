@@ -7,11 +7,18 @@ each epoch. With non-persistent workers the workers are fresh copies of ``ds`` e
 ``ds.set_epoch(epoch)`` before each. Resuming replays only the planner (``plan_part(start=...)``):
 nothing skipped is fetched or decoded.
 
+- ``lerobot_shards.ShardedDataLoader`` (``loader.py``): ``loader.state_dict()`` and
+  ``loader.load_state_dict(state)``. It knows its workers and batch size, counts what it
+  delivered and keeps the epoch in step with its workers: the way that cannot go wrong.
 - Iterating ``ds`` directly (or a DataLoader with ``num_workers=0``): ``ds.state_dict()`` knows
   what was taken.
-- A DataLoader with workers: the copies that count live in the workers, so the training loop
-  says how many samples it took since the DataLoader's iterator started:
-  ``ds.state_dict(num_samples=n, batch_size=b)``. ``load_state_dict`` then works out, from the
+- A DataLoader of one's own with workers: the copies that count live in the workers, so the
+  training loop says how many samples it took since the DataLoader's iterator started,
+  ``ds.state_dict(num_samples=n, batch_size=b)``, after setting ``ds.num_workers`` to the
+  loader's (refused otherwise: a state that guessed would resume into repeated and missing
+  frames; a worker refuses to start if ``ds.num_workers`` is set and differs from its loader's),
+  and calls ``ds.set_epoch(epoch)`` before each epoch (or ``ds.begin_epoch()`` after each
+  ``iter(loader)`` with persistent workers). ``load_state_dict`` then works out, from the
   DataLoader's round-robin over workers, what each worker had produced, and lets each worker
   take the role (part) whose batch comes next, so the resumed stream is the same sequence.
   Offsets at batch boundaries (multiples of ``batch_size``, or the end of the epoch) resume
@@ -27,8 +34,8 @@ The state format: a plain dict (JSON-serialisable).
   end of the epoch.
 - ``batch_size``: the DataLoader's, for the round-robin arithmetic over workers.
 - ``world_size``, ``num_workers``: the layout that produced it (``num_workers`` 0 when the rank
-  iterated in process; None when unknown: ``ds.num_workers`` was not set and the state came
-  from ``state_dict(num_samples=...)``).
+  iterated in process). A full state without them (``num_workers`` None, written by earlier
+  versions when it was unknown) is refused: nothing can make its resume exact.
 - ``seed``, ``shuffle``, ``buffer_size``, ``byte_budget`` (bytes or None), ``pad``, ``repeat``:
   the settings that shape the order. ``byte_budget`` is each part's pool budget for fetched
   episodes: the rank's ``byte_budget_gb`` split over the layout's DataLoader workers, less each
@@ -47,9 +54,8 @@ DataLoader workers, another seed, pool size, budget, padding or repeat) the resu
 (``elastic.py``): the frames the checkpoint consumed are found by replaying the old layout's
 planner (first draws of each old part), and the rest of the epoch is split over the new layout,
 every frame still exactly once, every part still yielding the same number of samples; the next
-epoch starts fresh under the new layout. With DataLoader workers set ``ds.num_workers`` to the
-loader's ``num_workers`` before ``state_dict``/``load_state_dict``: the resume is planned in
-the main process and checked against the workers.
+epoch starts fresh under the new layout. The resume is planned in the main process (for the
+workers ``ds.num_workers`` says) and checked against the workers when they start.
 """
 
 from __future__ import annotations
@@ -97,7 +103,7 @@ def describe(
     offset: int,
     batch_size: int,
     world_size: int,
-    num_workers: int | None,
+    num_workers: int,
     ordering: Ordering,
     fingerprint: str,
     origin: Checkpoint | None = None,
@@ -132,18 +138,23 @@ def describe(
     return state
 
 
-def checkpoint_of(state: Mapping[str, Any], num_workers: int) -> Checkpoint:
-    """The checkpoint a full state describes (``num_workers`` stands in for an unknown)."""
+def checkpoint_of(state: Mapping[str, Any]) -> Checkpoint:
+    """The checkpoint a full state describes; refused if it does not record its layout."""
     try:
         workers = state["num_workers"]
+        if workers is None:
+            raise ValueError(
+                "this state does not record how many DataLoader workers produced it (it was "
+                "taken by an older version with ds.num_workers unset), so no resume of it can "
+                "be known to be exact; resume from a checkpoint taken with "
+                "lerobot_shards.ShardedDataLoader or with ds.num_workers set"
+            )
         origin = state.get("resumed_from")
         return Checkpoint(
             epoch=int(state["epoch"]),
             offset=int(state["offset"]),
             batch_size=max(1, int(state.get("batch_size") or 1)),
-            layout=Layout(
-                int(state["world_size"]), num_workers if workers is None else int(workers)
-            ),
+            layout=Layout(int(state["world_size"]), int(workers)),
             ordering=Ordering(
                 int(state["seed"]),
                 bool(state["shuffle"]),
@@ -152,7 +163,7 @@ def checkpoint_of(state: Mapping[str, Any], num_workers: int) -> Checkpoint:
                 bool(state["pad"]),
                 bool(state["repeat"]),
             ),
-            origin=None if origin is None else checkpoint_of(origin, num_workers),
+            origin=None if origin is None else checkpoint_of(origin),
         )
     except KeyError as exc:
         raise ValueError(f"this state lacks {exc.args[0]!r}: {dict(state)}") from None
@@ -201,6 +212,18 @@ class Position:
         self.check_workers = None
         self.cursor = None
 
+    def begin_elsewhere(self) -> None:
+        """An iteration from the next position began in other processes (DataLoader workers,
+        which took this object's position when they started): record it as the current one,
+        as :meth:`start` would, so that ``state(num_samples=...)`` counts from it."""
+        self.current, self.current_origin = self.next, self.next_origin
+        self.next = (self.next[0] + 1, 0)
+        self.next_origin = None
+        self.worker_state = None
+        self.pending = False
+        self.check_workers = None
+        self.cursor = None
+
     def state(
         self,
         ctx: Context,
@@ -226,7 +249,12 @@ class Position:
             elif cursor is not None:  # the DataLoader iterated this very object
                 workers = cursor.num_workers
             else:
-                workers = None
+                raise ValueError(
+                    "ds.state_dict(num_samples=...) cannot tell how many DataLoader workers "
+                    "delivered those samples, and a state that guesses resumes into repeated and "
+                    "missing frames: use lerobot_shards.ShardedDataLoader (it knows), or set "
+                    "ds.num_workers to the DataLoader's num_workers"
+                )
             return describe_here(epoch, offset + int(num_samples), workers, self.current_origin)
         if cursor is None:
             epoch, offset = self.next
@@ -272,7 +300,7 @@ class Position:
         self.worker_state = dict(state) if worker_state else None
         self.next = (epoch, offset)
         if "world_size" in state:  # a full state: the layout and settings are known
-            checkpoint = checkpoint_of(state, ctx.workers)
+            checkpoint = checkpoint_of(state)
             same = (checkpoint.layout.world_size, checkpoint.layout.workers) == (
                 ctx.world_size,
                 ctx.workers,
@@ -286,16 +314,10 @@ class Position:
                     "repeat): elastic resume needs the rank's state, "
                     "ds.state_dict(num_samples=..., batch_size=...)"
                 )
-            elif state["num_workers"] is None:
-                raise ValueError(
-                    "this state does not record how many DataLoader workers produced it (set "
-                    "ds.num_workers to the loader's num_workers before ds.state_dict), so it "
-                    "cannot resume under another world size or other settings"
-                )
             else:
                 self.next = (planner.rest_epoch(checkpoint), 0)
                 self.next_origin = checkpoint
-            if state["num_workers"] is not None and not worker_state:
+            if not worker_state:
                 self.check_workers = ctx.workers
         self.current, self.current_origin = self.next, self.next_origin
         self.pending = True

@@ -152,6 +152,7 @@ def stream(
     dataset_options: Mapping | None = None,
     report: Callable[[StreamStats], None] | None = None,
     interval_s: float = 5.0,
+    collate_fn: Callable | None = collate,
 ) -> StreamStats:
     """Stream ``root`` through a ``DataLoader`` and return what it delivered.
 
@@ -160,6 +161,7 @@ def stream(
     persistent, so each epoch sees a new order, and collate on one intra-op thread each.
     ``report(stats)`` is called every ``interval_s`` seconds and at the end of every epoch.
     ``dataset_options`` go to ``ShardedLeRobotDataset`` as further keyword arguments.
+    ``collate_fn`` batches for the DataLoader (``None``: torch's ``default_collate``).
 
     The rates cover what follows ``warmup_batches`` batches, or, with ``warmup_epochs``, whole
     epochs from the start of epoch ``warmup_epochs`` (with persistent workers already running):
@@ -190,7 +192,7 @@ def stream(
         num_workers=workers,
         persistent_workers=workers > 0,
         worker_init_fn=_one_intra_op_thread if workers > 0 else None,
-        **({} if batch_size is None else {"collate_fn": collate}),
+        collate_fn=collate_fn if batch_size is not None else None,
     )
     stats = StreamStats(epoch_frames=len(ds) - ds.padding)
     seen = np.zeros(ds.meta.total_frames, dtype=bool)

@@ -1,15 +1,16 @@
 """Batches from DataLoader workers to the main process through reused shared-memory segments.
 
 Why. torch moves a worker's batch to the main process by copying every tensor into fresh shared
-memory and passing a file descriptor per tensor over a socket. For a batch of 8 samples of two
-480x640 cameras that is 5 ms of the kernel zeroing and mapping new pages in the worker, plus the
-socket round trips and the mapping in the main process: as much CPU as decoding the frames. Here
-a worker keeps a few shared segments (``memfd``: no name, so nothing can be left behind) and
-reuses them. A batch is written into a free segment; the main process maps it through
-``/proc/<worker pid>/fd/<fd>`` and hands out the camera frames (and any tensor of 64 KiB or
-more) as views of it, and every smaller tensor as a copy, so that keeping a batch's indices does
-not keep its frames' segment. When the main process frees the last view, it marks the segment
-free for the worker again.
+memory and passing a file descriptor per tensor, each over a connection of its own to the
+worker. For a batch of 8 samples of two 480x640 cameras that is 5 ms of the kernel zeroing and
+mapping new pages in the worker, plus the connections and the mapping in the main process: as
+much CPU as decoding the frames. Here a worker keeps a few shared segments (``memfd``: no name,
+so nothing can be left behind) and reuses them. A batched camera (or any large column) is
+written into a free segment and becomes a :class:`SharedTensor`; the main process maps the
+segment through ``/proc/<worker pid>/fd/<fd>`` and receives a plain tensor viewing it. When the
+main process frees the last view, it marks the segment free for the worker again. Camera frames
+are even decoded straight into their rows of the next batch's segments (:class:`BatchArena`),
+so batching them copies nothing.
 
 A segment is reused only when both sides are done with it: byte 0 of its header is set while
 the main process may still use it (cleared there when the views are freed, or by the worker if
@@ -26,8 +27,6 @@ from __future__ import annotations
 import mmap
 import os
 import weakref
-from collections.abc import Mapping, Sequence
-from typing import Any
 
 import numpy as np
 import torch
@@ -37,13 +36,14 @@ _ALIGN = 64
 DISABLE = "LEROBOT_SHARDS_SHARED_BATCHES"
 """Set to ``0`` to send batches torch's way (say, where ``/proc/<pid>/fd`` of a worker cannot be
 opened by the main process)."""
-MAX_SEGMENTS = 8
-"""Segments one worker keeps: a batch waiting in each of the DataLoader's prefetch slots, the one
-the main process is using and the one before it, with a margin."""
+MAX_SEGMENTS = 32
+"""Segments one worker keeps, one per camera (or large column) of a batch: a batch waiting in
+each of the DataLoader's prefetch slots, the one the main process is using and the one before
+it, with a margin, for up to about five cameras."""
 
 VIEW_BYTES = 1 << 16
-"""Tensors of a batch at least this large reach the main process as views of the segment,
-smaller ones as copies."""
+"""Batched columns at least this large reach the main process through a segment; smaller ones
+travel by value in the batch's own message (``collate.py``)."""
 
 _NUMPY_DTYPES = {
     torch.uint8,
@@ -152,179 +152,6 @@ def _shareable(value: object) -> bool:
     )
 
 
-class SharedBatch(dict):
-    """A collated batch whose tensors live in a shared segment (in a DataLoader worker).
-
-    In the worker it is a plain dict of tensors viewing the segment. Pickled (by the DataLoader,
-    to send it to the main process) it carries only the segment's address and layout; unpickled,
-    it is a plain ``dict``: views of the segment for the camera frames and other large tensors,
-    copies of the small ones.
-    """
-
-    def __init__(self, lease: _Lease, values: dict[str, Any]) -> None:
-        super().__init__(values)
-        self._address = (os.getpid(), lease.segment.fd, lease.segment.size)
-        self._layout = lease.layout
-        self._sent = lease.sent
-
-    def __reduce__(self):
-        if self._sent[0]:  # pickled before (a copy, say): only one receiver may free the segment
-            return dict, ({k: _copy(v) for k, v in self.items()},)
-        self._sent[0] = True
-        shared = {entry[0] for entry in self._layout}
-        rest = {k: v for k, v in self.items() if k not in shared}
-        return _attach, (self._address, self._layout, rest, list(self))
-
-
-def _copy(value: Any) -> Any:
-    return value.clone() if isinstance(value, torch.Tensor) else value
-
-
-class _Lease:
-    """A segment acquired for one batch, with views of it laid out as ``layout`` says.
-
-    The worker's hold (and the main process's, if the batch is never sent) ends when the last
-    view of the segment is freed.
-    """
-
-    def __init__(self, segment: _Segment, layout: list[tuple]) -> None:
-        self.segment = segment
-        self.layout = layout
-        self.sent = [False]
-        buffer = memoryview(segment.map)
-        self.tensors = _views(torch.frombuffer(buffer, dtype=torch.uint8), layout)
-        weakref.finalize(buffer, _worker_release, segment.map, self.sent)
-
-    @classmethod
-    def acquire(cls, pool: SegmentPool, layout: list[tuple], size: int) -> _Lease | None:
-        segment = pool.acquire(size)
-        return None if segment is None else cls(segment, layout)
-
-
-class BatchArena:
-    """Batch slots for the camera frames a DataLoader worker's dataset is about to yield.
-
-    Why. Copying each decoded frame into the batch segment costs as much as a tenth of decoding
-    it. The DataLoader's fetcher takes a worker's items in order, ``batch_size`` at a time, and
-    then calls ``collate``; so the ``p``-th item yielded since the last collate lands at row
-    ``p`` of the next batch. Once :func:`pack` has seen one batch (its layout and length), the
-    dataset asks :meth:`slots` for each item's frame destinations, row ``p`` of a segment
-    acquired for the coming batch, and the decoder writes the frames there; :func:`pack` then
-    finds them in place and copies only the other columns.
-
-    Nothing here is trusted: :func:`pack` uses the slots only if every frame of the batch is
-    exactly its row's slot, and otherwise copies into another segment (a segment whose views are
-    held is never reused). A camera whose items did not keep their slots (a transform, float
-    frames) is not offered slots again.
-    """
-
-    def __init__(self, pool: SegmentPool) -> None:
-        self._pool = pool
-        self._layout: list[tuple] | None = None
-        self._size = 0
-        self._keys: tuple[str, ...] = ()
-        self._declined: set[str] = set()
-        self._handed = 0  # items given slots since the last collate
-        self._lease: _Lease | None = None
-
-    def slots(self) -> dict[str, torch.Tensor] | None:
-        """The next item's frame slots (uint8 ``(T, H, W, 3)`` by camera), or None: before the
-        first batch, past the batch's length, or while no segment is free."""
-        row = self._handed
-        self._handed += 1
-        if self._layout is None or not self._keys or row >= self._layout[0][2][0]:
-            return None
-        if row == 0:
-            self._lease = _Lease.acquire(self._pool, self._layout, self._size)
-        if self._lease is None:
-            return None
-        slots = {}
-        for key in self._keys:
-            slot = self._lease.tensors[key][row]
-            slots[key] = slot if slot.dim() == 4 else slot.unsqueeze(0)  # one frame: CHW items
-        return slots
-
-    def end_batch(self) -> tuple[_Lease | None, tuple[str, ...]]:
-        """Called by collate: the segment the batch's slots are in (None if none were given),
-        and the cameras given slots; the next item starts a new batch."""
-        lease, self._lease, self._handed = self._lease, None, 0
-        return lease, self._keys
-
-    def learn(self, layout: list[tuple], size: int, declined: Sequence[str] = ()) -> None:
-        """Lay out the coming batches as this one (``layout`` and ``size`` as :func:`pack`
-        computed them; its rows are the batch's items); offer slots for its uint8 frame
-        columns, except those ``declined`` now or before."""
-        self._declined.update(declined)
-        self._layout, self._size = layout, size
-        self._keys = tuple(
-            key
-            for key, _, _, dtype, frames in layout
-            if frames and dtype == "uint8" and key not in self._declined
-        )
-
-
-def pack(
-    columns: Mapping[str, Any], frame_keys: Sequence[str], pool: SegmentPool
-) -> SharedBatch | None:
-    """Stack each column that is a list of equal tensors into one shared segment.
-
-    ``columns`` maps each key to its values across the batch (a :func:`stackable` list) or to an
-    already batched value, kept as it is. ``frame_keys`` name columns of channel-last camera
-    frames: stacked as they are, returned as channel-first views (``movedim``), and handed to the
-    main process as views of the segment. Frames already in their rows of the segment the
-    pool's :class:`BatchArena` gave out are not copied. None if no segment is free, or if a frame
-    column is not :func:`stackable` (then the caller's own stacking reports why).
-    """
-    lease, offered = pool.arena.end_batch()
-    layout, offset = [], _HEADER
-    for key, value in columns.items():
-        first = _first(value)
-        if first is None and key in frame_keys:
-            return None
-        if first is not None:
-            shape = (len(value), *first.shape)
-            dtype = str(first.dtype).removeprefix("torch.")
-            layout.append((key, offset, shape, dtype, key in frame_keys))
-            offset = _aligned(offset + int(np.prod(shape)) * first.element_size())
-    if not layout:
-        return None
-    in_place: set[str] = set()
-    declined: list[str] = []
-    if lease is not None and lease.layout == layout:  # a batch of the slots' shape
-        in_place = {key for key in offered if _in_slots(columns[key], lease.tensors[key])}
-        declined = [key for key in offered if key not in in_place]
-    pool.arena.learn(layout, offset, declined)
-    if declined or not in_place:
-        lease = _Lease.acquire(pool, layout, offset)  # frames out of place: copy them all
-        in_place = set()
-        if lease is None:
-            return None
-    values = dict(columns)
-    for key, _, _, _, frames in layout:
-        tensor = lease.tensors[key]
-        if key not in in_place:
-            np.stack([v.numpy() for v in columns[key]], out=tensor.numpy())
-        values[key] = tensor.movedim(-1, -3) if frames else tensor
-    return SharedBatch(lease, values)
-
-
-def _in_slots(values: Sequence[torch.Tensor], slots: torch.Tensor) -> bool:
-    """Whether each of ``values`` is exactly its row of ``slots`` (same memory and shape)."""
-    return len(values) == len(slots) and all(
-        v.data_ptr() == s.data_ptr() and v.shape == s.shape and v.is_contiguous()
-        for v, s in zip(values, slots, strict=True)
-    )
-
-
-def _views(base: torch.Tensor, layout: list[tuple]) -> dict[str, torch.Tensor]:
-    views = {}
-    for key, start, shape, dtype_name, _ in layout:
-        dtype = getattr(torch, dtype_name)
-        size = int(np.prod(shape)) * torch.empty(0, dtype=dtype).element_size()
-        views[key] = base[start : start + size].view(dtype).view(shape)
-    return views
-
-
 def stackable(values: object) -> bool:
     """A non-empty list of plain CPU tensors of one shape and numpy-compatible dtype."""
     return _first(values) is not None
@@ -342,6 +169,157 @@ def _first(values: object) -> torch.Tensor | None:
     return first
 
 
+class _Lease:
+    """A segment acquired for one batched tensor of ``shape`` and ``dtype``, at ``tensor``.
+
+    The worker's hold (and the main process's, if the tensor is never sent) ends when the last
+    view of the segment is freed.
+    """
+
+    def __init__(self, segment: _Segment, shape: tuple[int, ...], dtype: torch.dtype) -> None:
+        self.segment = segment
+        self.sent = [False]
+        buffer = memoryview(segment.map)
+        nbytes = int(np.prod(shape)) * dtype.itemsize
+        base = torch.frombuffer(buffer, dtype=torch.uint8)
+        self.tensor = base[_HEADER : _HEADER + nbytes].view(dtype).view(shape)
+        weakref.finalize(buffer, _worker_release, segment.map, self.sent)
+
+    @classmethod
+    def acquire(
+        cls, pool: SegmentPool, shape: tuple[int, ...], dtype: torch.dtype
+    ) -> _Lease | None:
+        size = _aligned(_HEADER + int(np.prod(shape)) * dtype.itemsize)
+        segment = pool.acquire(size)
+        return None if segment is None else cls(segment, shape, dtype)
+
+
+class TaggedTensor(torch.Tensor):
+    """A tensor whose type only tags it for batching or sending: operations on it (and
+    ``copy.deepcopy``) return plain tensors."""
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    def __deepcopy__(self, memo: dict) -> torch.Tensor:
+        copied = memo[id(self)] = self.as_subclass(torch.Tensor).clone()
+        return copied
+
+
+class SharedTensor(TaggedTensor):
+    """A batched tensor in a DataLoader worker's shared segment.
+
+    Pickled (by the DataLoader, to send the batch to the main process) it carries only the
+    segment's address and the tensor's layout; unpickled, it is a plain tensor viewing the
+    segment. Any operation on it returns a plain tensor.
+    """
+
+    _lease: _Lease
+    _frames: bool
+
+    def __reduce_ex__(self, protocol):
+        lease = self._lease
+        if lease.sent[0]:  # pickled before (a copy, say): only one receiver may free the segment
+            return torch.Tensor.__reduce_ex__(self.as_subclass(torch.Tensor).clone(), protocol)
+        lease.sent[0] = True
+        rows = self.shape[0]
+        shape = (rows, *lease.tensor.shape[1:])
+        dtype = str(self.dtype).removeprefix("torch.")
+        address = (os.getpid(), lease.segment.fd, lease.segment.size)
+        return _attach, (address, shape, dtype, self._frames)
+
+
+def _shared(lease: _Lease, rows: int, frames: bool) -> SharedTensor:
+    """The first ``rows`` rows of ``lease``'s tensor as a :class:`SharedTensor` (channel-first
+    view of channel-last frames if ``frames``)."""
+    tensor = lease.tensor[:rows]
+    shared = (tensor.movedim(-1, -3) if frames else tensor).as_subclass(SharedTensor)
+    shared._lease = lease
+    shared._frames = frames
+    return shared
+
+
+def share_stacked(values: list[torch.Tensor], frames: bool) -> SharedTensor | None:
+    """``values`` (a :func:`stackable` list; channel-last frames if ``frames``) stacked into a
+    free segment of this process's pool, as a :class:`SharedTensor`; None where segments
+    cannot be shared or none is free (the caller then batches torch's way)."""
+    pool = worker_pool()
+    first = _first(values)
+    if pool is None or first is None:
+        return None
+    lease = _Lease.acquire(pool, (len(values), *first.shape), first.dtype)
+    if lease is None:
+        return None
+    # numpy copies on this thread; torch would wake its intra-op pool
+    np.stack([v.numpy() for v in values], out=lease.tensor.numpy())
+    return _shared(lease, len(values), frames)
+
+
+class BatchArena:
+    """Batch slots for the camera frames a DataLoader worker's dataset is about to yield.
+
+    Why. Copying each decoded frame into the batch costs as much as a tenth of decoding it. The
+    DataLoader's fetcher takes a worker's items in order, ``batch_size`` at a time, and then
+    collates them; so the ``p``-th item yielded since the last collate lands at row ``p`` of the
+    next batch. Once a camera has been batched once (its frames' shape and the batch's length
+    are then known), the dataset asks :meth:`slots` for each item's frame destinations, row
+    ``p`` of a segment acquired per camera for the coming batch, and the decoder writes the
+    frames there; collating the camera (:meth:`take`) then finds them in place.
+
+    Nothing here is trusted: :meth:`take` uses the slots only if every frame of the batch is
+    exactly its row's slot, and otherwise the frames are copied (a segment whose views are held
+    is never reused). A camera whose items did not keep their slots (a transform) is not
+    offered slots again.
+    """
+
+    def __init__(self, pool: SegmentPool) -> None:
+        self._pool = pool
+        self._shapes: dict[str, tuple[int, ...]] = {}  # camera -> channel-last batch shape
+        self._declined: set[str] = set()
+        self._handed = 0  # items given slots since the last batch was collated
+        self._filling: dict[str, _Lease] = {}  # the coming batch's segments, by camera
+        self._filled: dict[str, _Lease] = {}  # the batch being collated's segments
+
+    def slots(self) -> dict[str, torch.Tensor] | None:
+        """The next item's frame slots (uint8 ``(T, H, W, 3)`` by camera), or None: before a
+        camera was batched, past the batch's length, or while no segment is free."""
+        row = self._handed
+        self._handed += 1
+        if row == 0:
+            self._filling = {}
+            for key, shape in self._shapes.items():
+                lease = _Lease.acquire(self._pool, shape, torch.uint8)
+                if lease is not None:
+                    self._filling[key] = lease
+        slots = {}
+        for key, lease in self._filling.items():
+            if row < len(lease.tensor):
+                slot = lease.tensor[row]
+                slots[key] = slot if slot.dim() == 4 else slot.unsqueeze(0)  # one frame: CHW
+        return slots or None
+
+    def take(self, key: str, frames: list[torch.Tensor]) -> SharedTensor | None:
+        """Camera ``key``'s batch, ``frames`` (channel-last), as a view of the slots they were
+        decoded into; None if they are not there (the caller copies them). Learns the batch's
+        layout for the slots of the batches to come."""
+        if self._handed:  # the first camera collated since items were handed: a batch ended
+            self._filled, self._filling, self._handed = self._filling, {}, 0
+        lease = self._filled.pop(key, None)
+        if lease is not None and len(frames) <= len(lease.tensor):
+            rows = lease.tensor[: len(frames)]
+            if all(
+                f.data_ptr() == r.data_ptr() and f.shape == r.shape and f.is_contiguous()
+                for f, r in zip(frames, rows, strict=True)
+            ):
+                return _shared(lease, len(frames), frames=True)
+            self._declined.add(key)  # its items do not keep their slots
+            self._shapes.pop(key, None)
+            return None
+        first = _first(frames)
+        if key not in self._declined and first is not None and first.dtype == torch.uint8:
+            self._shapes[key] = (len(frames), *first.shape)
+        return None
+
+
 def _worker_release(segment_map: mmap.mmap, sent: list[bool]) -> None:
     if segment_map.closed:
         return
@@ -356,9 +334,9 @@ def _main_release(segment_map: mmap.mmap) -> None:
 
 
 def _attach(
-    address: tuple[int, int, int], layout: list[tuple], rest: dict[str, Any], order: list[str]
-) -> dict[str, Any]:
-    """Main process: map a worker's segment and rebuild the batch as a plain dict."""
+    address: tuple[int, int, int], shape: tuple[int, ...], dtype: str, frames: bool
+) -> torch.Tensor:
+    """Main process: map a worker's segment and return the tensor it holds, viewing it."""
     pid, fd, size = address
     try:
         handle = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDWR)
@@ -374,13 +352,9 @@ def _attach(
         os.close(handle)
     buffer = memoryview(segment_map)
     weakref.finalize(buffer, _main_release, segment_map)
-    tensors = _views(torch.frombuffer(buffer, dtype=torch.uint8), layout)
-    del buffer  # from here on, only the views returned hold the segment
-    values = dict(rest)
-    for key, _, _, _, frames in layout:
-        tensor = tensors[key]
-        if frames:
-            values[key] = tensor.movedim(-1, -3)
-        else:  # small ones are copied so that keeping them does not keep the segment
-            values[key] = tensor if tensor.nbytes >= VIEW_BYTES else tensor.clone()
-    return {key: values[key] for key in order}
+    torch_dtype = getattr(torch, dtype)
+    nbytes = int(np.prod(shape)) * torch_dtype.itemsize
+    tensor = torch.frombuffer(buffer, dtype=torch.uint8)[_HEADER : _HEADER + nbytes]
+    del buffer  # from here on, only the view returned holds the segment
+    tensor = tensor.view(torch_dtype).view(shape)
+    return tensor.movedim(-1, -3) if frames else tensor

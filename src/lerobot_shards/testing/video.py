@@ -21,6 +21,9 @@ PIX_FMT = "yuv420p"
 GOP = 2
 CRF = 30
 PRESET = 12
+MIN_WIDTH = 32
+"""The SVT-AV1 in PyAV 15's wheels (LeRobot 0.6.1's) kills the process (SIGFPE) on frames
+narrower than this."""
 
 # SVT-AV1 prints a banner per encoder to stderr unless told otherwise (1 = errors only).
 os.environ.setdefault("SVT_LOG", "1")
@@ -35,6 +38,11 @@ def encode_episode(frames: Iterable[np.ndarray], path: Path, fps: int) -> None:
         count = 0
         for image in frames:
             if count == 0:
+                if image.shape[1] < MIN_WIDTH:
+                    raise ValueError(
+                        f"{path}: frames {image.shape[1]} pixels wide are too narrow to encode; "
+                        f"use at least {MIN_WIDTH}"
+                    )
                 stream.height, stream.width = image.shape[:2]
             frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(image), format="rgb24")
             out.mux(stream.encode(frame))

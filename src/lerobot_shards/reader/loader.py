@@ -1,0 +1,77 @@
+"""A DataLoader that checkpoints a :class:`ShardedLeRobotDataset` by itself.
+
+Why. With DataLoader workers the dataset copies that iterate live in the workers, so the main
+process's dataset cannot see what was delivered, nor (before it is told) how many workers
+there are, nor which epoch the workers are in. A state built from a wrong guess of any of
+these resumes into repeated and missing frames. :class:`ShardedDataLoader` knows its
+``num_workers`` and ``batch_size`` (it sets ``dataset.num_workers``), counts the samples it
+delivered, and keeps the dataset's record of the epoch in step with its workers, so
+``loader.state_dict()`` is always the exact position (MosaicML's ``StreamingDataLoader`` is the
+pattern). torchdata's ``StatefulDataLoader`` stays supported as well.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from lerobot_shards.reader.dataset import ShardedLeRobotDataset
+
+
+class ShardedDataLoader(DataLoader):
+    """``torch.utils.data.DataLoader`` over a :class:`ShardedLeRobotDataset`, with
+    ``state_dict()``/``load_state_dict()`` that resume exactly.
+
+    Takes the DataLoader's arguments (``batch_size``, ``num_workers``, ``collate_fn``,
+    ``persistent_workers``, ...). Each ``iter(loader)`` runs the dataset's next epoch (or the
+    rest of a loaded state's). ``state_dict()`` may be called at any point of the loop; a state
+    is refused on load, with what to do, when this loader cannot resume it exactly.
+    """
+
+    def __init__(self, dataset: ShardedLeRobotDataset, *args: Any, **kwargs: Any) -> None:
+        if not isinstance(dataset, ShardedLeRobotDataset):
+            raise TypeError(
+                f"ShardedDataLoader takes a ShardedLeRobotDataset, not {type(dataset).__name__}"
+            )
+        super().__init__(dataset, *args, **kwargs)
+        if self.batch_size is None:
+            raise ValueError("ShardedDataLoader needs a batch_size (batches it can count)")
+        dataset.num_workers = self.num_workers
+        self._delivered = 0
+
+    def __iter__(self) -> Iterator[Any]:
+        self._delivered = 0
+        batches = super().__iter__()  # workers start here, from the dataset's next position
+        if self.num_workers > 0:  # the workers iterate: the dataset records where they began
+            self.dataset.begin_epoch()
+        for batch in batches:
+            self._delivered += _batch_length(batch)
+            yield batch
+
+    def state_dict(self) -> dict[str, Any]:
+        """The exact position after the batches delivered so far (``reader/state.py``)."""
+        return self.dataset.state_dict(num_samples=self._delivered, batch_size=self.batch_size)
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Make the next ``iter(loader)`` deliver exactly what followed ``state``."""
+        self.dataset.load_state_dict(state)
+        self._delivered = 0
+
+
+def _batch_length(batch: Any) -> int:
+    """Samples in a collated batch: the length of its first batched tensor."""
+    values = batch.values() if isinstance(batch, Mapping) else batch
+    if isinstance(values, torch.Tensor) and values.dim() > 0:
+        return len(values)
+    if isinstance(batch, (Mapping, list, tuple)):
+        for value in values:
+            if isinstance(value, torch.Tensor) and value.dim() > 0:
+                return len(value)
+    raise TypeError(
+        f"ShardedDataLoader cannot count the samples of a {type(batch).__name__} batch: its "
+        "collate_fn must return a dict, list or tuple holding a batched tensor (as "
+        "default_collate does), or the checkpoints could not be exact"
+    )
