@@ -1,8 +1,20 @@
 #!/usr/bin/env bash
-# Sets up .venv if needed and runs the whole test suite.
+# Sets up .venv if needed and runs ruff and the whole test suite; then, in LeRobot 0.6.1's own
+# environment (.venv-lerobot: Python 3.12, torch 2.11, numpy 2.2, PyAV 15), the tests of what
+# LeRobot users run: golden items, reader, collate, resume, checkpoints, and the LeRobot tests
+# (meta, training, the example under torchrun). LEROBOT_ENV=0 skips the second run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/python -m pytest -q "$@"
+if [ "${LEROBOT_ENV:-1}" != 0 ]; then
+  started=$(date +%s)
+  bash scripts/setup_lerobot_env.sh
+  echo "LeRobot 0.6.1 environment ready in $(($(date +%s) - started)) s"
+  .venv-lerobot/bin/python -m pytest -q "$@" \
+    tests/test_golden.py tests/test_reader.py tests/test_decode.py tests/test_rgb24.py \
+    tests/test_collate.py tests/test_transfer.py tests/test_elastic_resume.py \
+    tests/test_loader.py tests/test_s3.py tests/test_lerobot_meta.py tests/test_lerobot_training.py
+fi

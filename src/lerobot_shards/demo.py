@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch.utils.data import DataLoader
 
 DEMO_CAMERAS = {"observation.images.top": (96, 128), "observation.images.wrist": (48, 64)}
 DEMO_EPISODE_LENGTHS = (40, 1, 75, 22, 60, 33, 90, 18, 51, 47, 64, 29)
@@ -57,7 +56,7 @@ def run_demo(
     workdir: str | Path, *, workers: int = 2, batch_size: int = 8, seed: int = 0
 ) -> DemoReport:
     """Make, convert and stream the sample dataset in ``workdir`` (recreated); train one epoch."""
-    from lerobot_shards import ShardedLeRobotDataset, collate, convert
+    from lerobot_shards import ShardedDataLoader, ShardedLeRobotDataset, convert
     from lerobot_shards.testing.factory import make_dataset
 
     workdir = Path(workdir)
@@ -76,8 +75,7 @@ def run_demo(
     convert_seconds = time.perf_counter() - started
 
     ds = ShardedLeRobotDataset(str(workdir / "shards"), seed=seed, buffer_size=4, return_uint8=True)
-    ds.num_workers = workers
-    loader = DataLoader(ds, batch_size=batch_size, num_workers=workers, collate_fn=collate)
+    loader = ShardedDataLoader(ds, batch_size=batch_size, num_workers=workers)
     model = TinyPolicy(len(ds.meta.camera_keys), state_dim=4, action_dim=4)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
 
