@@ -91,7 +91,12 @@ def measure_reader(
 
 def measure_baseline(source: Path, args: argparse.Namespace) -> tuple[float, int, float]:
     """(samples/s, samples, seconds) of LeRobotSource under a shuffling DataLoader."""
-    ds = LeRobotSource(str(source), return_uint8=True)
+    return measure_map_style(LeRobotSource(str(source), return_uint8=True), args)
+
+
+def measure_map_style(ds, args: argparse.Namespace) -> tuple[float, int, float]:
+    """(samples/s, samples, seconds) of a map-style dataset under a shuffling DataLoader, timed
+    for ``args.seconds`` after ``args.warmup_batches`` batches."""
     loader = DataLoader(
         ds,
         batch_size=args.batch_size,
@@ -111,7 +116,7 @@ def measure_baseline(source: Path, args: argparse.Namespace) -> tuple[float, int
         next(it)
     samples = 0
     started = time.perf_counter()
-    while (elapsed := time.perf_counter() - started) < args.seconds:
+    while time.perf_counter() - started < args.seconds:
         samples += len(next(it)["index"])
     elapsed = time.perf_counter() - started
     return samples / elapsed, samples, elapsed
@@ -188,29 +193,8 @@ def measure_lerobot(source: Path, args: argparse.Namespace) -> tuple[float, int,
     except ImportError:
         return None
     ds = LeRobotDataset(f"bench/{source.name}", root=source, return_uint8=True)
-    loader = DataLoader(
-        ds,
-        batch_size=args.batch_size,
-        shuffle=True,
-        num_workers=args.workers,
-        persistent_workers=args.workers > 0,
-        worker_init_fn=one_thread if args.workers > 0 else None,
-        generator=torch.Generator().manual_seed(0),
-    )
-
-    def batches():
-        while True:
-            yield from loader
-
-    it = batches()
-    for _ in range(args.warmup_batches):
-        next(it)
-    samples = 0
-    started = time.perf_counter()
-    while time.perf_counter() - started < args.seconds:
-        samples += len(next(it)["index"])
-    elapsed = time.perf_counter() - started
-    return samples / elapsed, samples, elapsed, str(ds.video_backend)
+    backend = getattr(ds, "video_backend", None) or getattr(ds, "_video_backend", "default")
+    return (*measure_map_style(ds, args), str(backend))
 
 
 def measure_first_batch(shards: Path, args: argparse.Namespace, buffer_size: int) -> float:
@@ -442,13 +426,13 @@ def main() -> None:
             f"  reader ({where}) frames/s / ceiling:    {close:6.2f}   target >= 0.7  "
             f"{verdict(close >= 0.7)}  [{min(closeness):.2f}-{max(closeness):.2f}]"
         )
-    shares = [r["collates"]["default_collate"] / max(r["collates"].values()) for r in rounds]
-    share = float(np.median(shares))
-    names = ", ".join(rounds[0]["collates"])
-    print(
-        f"  default_collate / fastest collate: {share:6.2f}   target >= 0.9  "
-        f"{verdict(share >= 0.9)}  [{min(shares):.2f}-{max(shares):.2f}]  (of: {names})"
-    )
+    for name in rounds[0]["collates"]:  # each collate_fn beside the fastest of its round
+        shares = [r["collates"][name] / max(r["collates"].values()) for r in rounds]
+        share = float(np.median(shares))
+        print(
+            f"  {name + ' / fastest collate:':34} {share:6.2f}   target >= 0.9  "
+            f"{verdict(share >= 0.9)}  [{min(shares):.2f}-{max(shares):.2f}]"
+        )
     print(
         f"  time to first batch:               {first:6.2f} s  target < 1 s   "
         f"{verdict(first < 1)}  (buffer_size={args.buffer_size})"

@@ -87,6 +87,17 @@ def test_state_at_every_batch_resumes_the_same_stream(av1, monkeypatch):
         assert rest == batches[k + 1 : epoch_end], k
 
 
+def test_a_state_loaded_behind_running_persistent_workers_is_refused(av1, monkeypatch):
+    as_rank(monkeypatch, 0, 1)
+    loader = ShardedDataLoader(
+        dataset(av1), batch_size=BATCH, num_workers=1, persistent_workers=True
+    )
+    next(iter(loader))
+    state = loader.state_dict()
+    with pytest.raises(RuntimeError, match="into a new ShardedDataLoader"):
+        loader.load_state_dict(state)
+
+
 def test_the_reproduction_is_refused(av1, monkeypatch):
     """A plain DataLoader with 2 workers and ds.num_workers unset: after 5 batches of 4 the
     state used to be accepted, and a resume with 0, 1 or 3 workers repeated and dropped about

@@ -57,6 +57,11 @@ class ShardedDataLoader(DataLoader):
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Make the next ``iter(loader)`` deliver exactly what followed ``state``."""
+        if self._iterator is not None:  # persistent workers hold copies made before the state
+            raise RuntimeError(
+                "load_state_dict on a ShardedDataLoader whose persistent workers already run "
+                "would not reach them: load the state into a new ShardedDataLoader"
+            )
         self.dataset.load_state_dict(state)
         self._delivered = 0
 
