@@ -19,11 +19,13 @@ if [ -z "$PY" ]; then
   echo "setup_lerobot_env: no Python 3.12 found (set PYTHON312)" >&2
   exit 1
 fi
+FFMPEG_LIBS="libavcodec59 libavformat59 libavutil57 libswscale6 libswresample4 libavfilter8 libavdevice59"
 if ! ldconfig -p | grep -q 'libavutil\.so'; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    apt-get install -y -q --no-install-recommends \
-      libavcodec59 libavformat59 libavutil57 libswscale6 libswresample4 libavfilter8 \
-      libavdevice59 >/dev/null || echo "setup_lerobot_env: FFmpeg libraries not installed" >&2
+    # shellcheck disable=SC2086
+    apt-get install -y -q --no-install-recommends $FFMPEG_LIBS >/dev/null \
+      || { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends $FFMPEG_LIBS >/dev/null; } \
+      || echo "setup_lerobot_env: FFmpeg libraries not installed: torchcodec will not load" >&2
   fi
 fi
 VENV=.venv-lerobot
