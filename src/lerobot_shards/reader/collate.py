@@ -89,7 +89,8 @@ def collate_frames(batch: Sequence[torch.Tensor], *, collate_fn_map=None) -> tor
     frames = [f.movedim(-3, -1) for f in plain]
     pool = transfer.worker_pool() if get_worker_info() is not None else None
     if pool is not None:
-        shared = pool.arena.take(batch[0].camera, frames)
+        camera = getattr(batch[0], "camera", None)  # None: typed elsewhere than typed_item
+        shared = pool.arena.take(camera, frames) if camera is not None else None
         if shared is None:
             shared = transfer.share_stacked(frames, frames=True)
         if shared is not None:
