@@ -44,6 +44,7 @@ from _bench_common import CAMERAS_2X480X640, cached_conversion, cached_dataset, 
 from av.video.reformatter import VideoReformatter
 from torch.utils.data import DataLoader
 
+from lerobot_shards.reader.rgb24 import one_thread_options
 from lerobot_shards.reader.throughput import stream
 from lerobot_shards.source import LeRobotSource
 
@@ -139,16 +140,14 @@ def decode_file(job: tuple[str, str]) -> int:
         for frame in container.decode(stream):
             if how == "pyav-defaults":
                 frame.to_ndarray(format="rgb24")
-            elif how == "one-thread" and THREADS_KEYWORD:
-                reformatter.reformat(frame, format="rgb24", threads=1).to_ndarray()
-            else:  # PyAV < 16 has no threads keyword (its swscale runs on one thread)
-                reformatter.reformat(frame, format="rgb24").to_ndarray()
+            else:
+                options = one_thread_options() if how == "one-thread" else {}
+                reformatter.reformat(frame, format="rgb24", **options).to_ndarray()
             count += 1
     return count
 
 
 CEILING_METHODS = ("pyav-defaults", "reused-scaler", "one-thread")
-THREADS_KEYWORD = int(av.__version__.split(".")[0]) >= 16
 
 
 def measure_ceiling(source: Path, workers: int) -> tuple[float, int, dict[str, float]]:

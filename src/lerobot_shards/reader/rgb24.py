@@ -21,6 +21,7 @@ PyAV's path and one copy: the same pixels, more slowly.
 from __future__ import annotations
 
 import ctypes
+import functools
 import threading
 from typing import Any
 
@@ -36,21 +37,11 @@ code paths for other alignments."""
 _local = threading.local()  # per thread: the PyAV reformatter, swscale contexts
 _verdicts: dict[tuple, bool] = {}  # kind -> direct conversion equals PyAV's
 _libraries: tuple[Any, Any] | bool | None = False  # (swscale, avutil), None if unavailable
-_one_thread: dict[str, int] = {"threads": 1}  # reformat's keyword, emptied where PyAV lacks it
 
 
 def to_rgb24(frame: Any) -> torch.Tensor:
     """A decoded PyAV video frame as a new uint8 ``(H, W, 3)`` tensor, PyAV's pixels."""
-    global _one_thread
-    reformatter = _reformatter()
-    if _one_thread:
-        try:
-            rgb = reformatter.reformat(frame, format="rgb24", **_one_thread)
-        except TypeError:  # PyAV < 16 has no ``threads``; its swscale runs on one thread anyway
-            _one_thread = {}
-            rgb = reformatter.reformat(frame, format="rgb24")
-    else:
-        rgb = reformatter.reformat(frame, format="rgb24")
+    rgb = _reformatter().reformat(frame, format="rgb24", **one_thread_options())
     return torch.from_numpy(rgb.to_ndarray())
 
 
@@ -171,6 +162,17 @@ def _load_libraries() -> tuple[Any, Any] | None:
     except (OSError, AttributeError):
         return None
     return swscale, avutil
+
+
+@functools.cache
+def one_thread_options() -> dict[str, int]:
+    """Keywords that make PyAV's ``reformat`` use one swscale thread: ``threads=1`` where its
+    signature has ``threads`` (newer PyAV); none in PyAV 15 (LeRobot 0.6.1's), whose swscale
+    runs on one thread anyway."""
+    from av.video.reformatter import VideoReformatter
+
+    signature = (VideoReformatter.reformat.__doc__ or "").split("\n", 1)[0]
+    return {"threads": 1} if "threads=" in signature else {}
 
 
 def _reformatter():

@@ -28,7 +28,6 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from lerobot_shards.reader.collate import collate
 from lerobot_shards.reader.dataset import ShardedLeRobotDataset, rank_and_world_size
 from lerobot_shards.reader.partition import split_parts
 
@@ -152,7 +151,7 @@ def stream(
     dataset_options: Mapping | None = None,
     report: Callable[[StreamStats], None] | None = None,
     interval_s: float = 5.0,
-    collate_fn: Callable | None = collate,
+    collate_fn: Callable | None = None,
 ) -> StreamStats:
     """Stream ``root`` through a ``DataLoader`` and return what it delivered.
 
