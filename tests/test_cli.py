@@ -102,6 +102,16 @@ def test_inspect_text_and_json(converted: Path):
     assert summary["cameras"]["observation.images.cam_high"]["codec"] == "av1"
 
 
+def test_inspect_takes_several_roots(converted: Path):
+    both = CliRunner().invoke(main, ["inspect", str(converted), str(converted)])
+    assert both.exit_code == 0, both.output
+    assert both.output.count(str(converted)) == 2
+    assert "2 datasets: 12 episodes, 148 frames" in both.output
+    as_json = CliRunner().invoke(main, ["inspect", "--json", str(converted), str(converted)])
+    summaries = json.loads(as_json.output)
+    assert [s["frames"] for s in summaries] == [74, 74]
+
+
 def test_inspect_refuses_an_unfinished_dataset(tmp_path: Path):
     result = CliRunner().invoke(main, ["inspect", str(tmp_path)])
     assert result.exit_code == 1

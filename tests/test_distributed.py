@@ -80,3 +80,36 @@ def test_ddp_epoch_ends_on_every_rank(av1: Path, tmp_path: Path) -> None:
     assert steps == {2 * 5}, steps  # each worker: 19 samples, batches of 4 -> 5 batches
     assert sum(samples) == FRAMES + 2
     assert result["same_weights"], "DDP ranks ended with different weights"
+
+
+def test_weighted_mixture_over_ranks_and_workers_counts_every_frame_exactly(
+    av1: Path, shards, tmp_path: Path
+) -> None:
+    from collections import Counter
+
+    from lerobot_shards import ShardedLeRobotDataset
+
+    image = shards("image")
+    out = tmp_path / "mixture.json"
+    torchrun("mixture_epochs.py", str(out), str(av1), "1", str(image), "2")
+    result = json.loads(out.read_text())
+    ranks = result["ranks"]
+    frames = []  # every (dataset_index, index) of the mixture
+    for d, root in enumerate((av1, image)):
+        frames += [(d, int(i["index"])) for i in ShardedLeRobotDataset(root, shuffle=False)]
+    share = result["share"]
+    assert sum(share) == len(frames)
+    so_far: Counter = Counter()
+    for epoch in range(2):
+        seen = Counter()
+        for rank in ranks:
+            seen.update(tuple(pair) for pair in rank[epoch])
+        lengths = [len(rank[epoch]) for rank in ranks]
+        assert max(lengths) - min(lengths) <= 1, lengths  # ranks balanced (no padding asked)
+        so_far.update(seen)
+        for d, n in enumerate(share):
+            mine = [f for f in frames if f[0] == d]
+            assert sum(seen[f] for f in mine) == n
+            assert {seen[f] for f in mine} <= {n // len(mine), -(-n // len(mine))}
+            cumulative = [so_far[f] for f in mine]
+            assert max(cumulative) - min(cumulative) <= 1

@@ -66,8 +66,9 @@ def part_draws(planner: Planner, part: Part, ordering: Ordering) -> list[int]:
     out = []
     for e in one_by_one(part.plan(ordering, cost)):
         if type(e) is Draw:
-            episode = int(part.episodes[e.piece])
-            out.append(int(planner.ids([episode], [part.position(e.piece, e.frame)])[0]))
+            unit = int(part.units[e.piece])
+            position = part.position(e.piece, e.frame)
+            out.append(int(planner.ids(part.epoch, [unit], [position])[0]))
     return out
 
 

@@ -103,3 +103,29 @@ def test_cli_names_a_root_that_is_not_a_converted_dataset(golden_dir: Path, tmp_
         assert result.exit_code == 1
         assert f"{root}/index.json not found" in result.output
         assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+def test_cli_streams_a_weighted_mixture_and_reports_each_datasets_coverage(converted: Path):
+    result = subprocess.run(
+        [
+            *CLI,
+            str(converted),
+            str(converted),
+            *("--weights", "3,1", "--workers", "2", "--batch-size", "4", "--interval", "1000"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    # 148 samples per epoch: 3/4 to dataset 0 (every frame, half of them twice), 1/4 to 1
+    assert "dataset 0: 111 samples of its 111 per epoch, 74/74 distinct frames (100.0%)" in (
+        result.stdout
+    )
+    assert "dataset 1: 37 samples of its 37 per epoch, 37/74 distinct frames (50.0%)" in (
+        result.stdout
+    )
+    bad = subprocess.run(
+        [*CLI, str(converted), str(converted), "--weights", "3"], capture_output=True, text=True
+    )
+    assert bad.returncode != 0 and "1 weights for 2 datasets" in bad.stderr

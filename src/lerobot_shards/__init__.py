@@ -5,6 +5,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "convert": "lerobot_shards.converter.run",
     "ShardedLeRobotDataset": "lerobot_shards.reader.dataset",
+    "DatasetRoot": "lerobot_shards.reader.catalog",
     "ShardedDataLoader": "lerobot_shards.reader.loader",
     "collate": "lerobot_shards.reader.collate",
     "SmallPoolWarning": "lerobot_shards.reader.pool_budget",

@@ -105,18 +105,33 @@ def convert(
 
 
 @main.command()
-@click.argument("root")
+@click.argument("roots", nargs=-1, required=True)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
-def inspect(root: str, as_json: bool) -> None:
-    """Summarise the converted dataset at ROOT."""
+def inspect(roots: tuple[str, ...], as_json: bool) -> None:
+    """Summarise the converted dataset at ROOT, or each of several ROOTS (read concurrently)
+    and their totals. With --json, several ROOTS give a list."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from lerobot_shards.converter.check import format_inspection, inspect_dataset
     from lerobot_shards.format import FormatError
 
     try:
-        summary = inspect_dataset(root)
+        with ThreadPoolExecutor(min(32, len(roots))) as pool:
+            summaries = list(pool.map(inspect_dataset, roots))
     except (FormatError, FileNotFoundError) as exc:
         raise click.ClickException(str(exc)) from exc
-    click.echo(json.dumps(summary, indent=2) if as_json else format_inspection(summary))
+    if as_json:
+        click.echo(json.dumps(summaries if len(roots) > 1 else summaries[0], indent=2))
+        return
+    click.echo("\n\n".join(format_inspection(s) for s in summaries))
+    if len(roots) > 1:
+        totals = {
+            key: sum(s[key] for s in summaries) for key in ("episodes", "frames", "total_bytes")
+        }
+        click.echo(
+            f"\n{len(roots)} datasets: {totals['episodes']} episodes, "
+            f"{totals['frames']} frames, {totals['total_bytes'] / 1e6:.1f} MB"
+        )
 
 
 @main.command()
@@ -135,8 +150,30 @@ def verify(root: str, deep: bool) -> None:
     click.echo(f"{root}: ok")
 
 
+def parse_weights(spec: str | None, count: int) -> list[float] | None:
+    """``"2,1,1"`` -> ``[2.0, 1.0, 1.0]``, one weight per root."""
+    if spec is None:
+        return None
+    try:
+        weights = [float(w) for w in spec.split(",")]
+    except ValueError:
+        raise click.BadParameter(
+            f"{spec!r} is not numbers like 2,1,1", param_hint="--weights"
+        ) from None
+    if len(weights) != count:
+        raise click.BadParameter(
+            f"{len(weights)} weights for {count} datasets", param_hint="--weights"
+        )
+    return weights
+
+
 @main.command()
-@click.argument("root")
+@click.argument("roots", nargs=-1, required=True)
+@click.option(
+    "--weights",
+    help="A mixture's weights, one per ROOT, e.g. 2,1,1: each dataset's share of an epoch's "
+    "samples (default: every frame once).",
+)
 @click.option(
     "--workers",
     type=click.IntRange(min=0),
@@ -189,18 +226,26 @@ def verify(root: str, deep: bool) -> None:
     help="Seconds between progress lines.",
 )
 def stream(
-    root: str, workers: int, batch_size: int, seconds: float | None, epochs: int | None,
+    roots: tuple[str, ...], weights: str | None, workers: int, batch_size: int,
+    seconds: float | None, epochs: int | None,
     buffer_size: int, byte_budget_gb: float | None, uint8: bool, seed: int,
     decode_threads: int | None, interval: float,
 ) -> None:  # fmt: skip
-    """Stream the converted dataset at ROOT through a DataLoader and print what it delivers:
-    samples/s, camera frames/s, shard MB/s and the epoch's coverage so far."""
+    """Stream the converted dataset at ROOT (several ROOTS: their mixture) through a
+    DataLoader and print what it delivers: samples/s, camera frames/s, shard MB/s and the
+    epoch's coverage so far, per dataset for a mixture."""
     from lerobot_shards.format import FormatError
     from lerobot_shards.reader.throughput import stream as run_stream
 
+    mixture = len(roots) > 1
+    if weights is not None and not mixture:
+        raise click.BadParameter(
+            "weights are for several ROOTS (a mixture)", param_hint="--weights"
+        )
     try:
         stats = run_stream(
-            root,
+            list(roots) if mixture else roots[0],
+            weights=parse_weights(weights, len(roots)),
             workers=workers,
             batch_size=batch_size,
             seconds=seconds,
@@ -223,6 +268,8 @@ def stream(
         f"after the first batch ({stats.overall_samples_per_s:.1f} samples/s overall); "
         f"coverage of finished epochs: {finished}"
     )
+    for line in stats.dataset_lines():
+        click.echo(line)
 
 
 @main.command()

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -155,17 +155,36 @@ def frames_to_output(frames_uint8: torch.Tensor, return_uint8: bool) -> torch.Te
 
 @dataclass
 class ItemSpec:
-    """The options that shape an item, identical for the reference and the streaming reader."""
+    """The options that shape an item, identical for the reference and the streaming reader.
+
+    In a mixture of datasets, ``key_map`` renames a dataset's keys onto the mixture's common
+    names (None drops the key; a delta key's ``_is_pad`` mask follows it) and ``dataset_index``
+    is added to every item; with neither, the item is LeRobot's.
+    """
 
     video_keys: list[str]
     image_keys: list[str]
     deltas: dict[str, np.ndarray]
     return_uint8: bool = False
     image_transforms: Callable[[torch.Tensor], torch.Tensor] | None = None
+    key_map: dict[str, str | None] = field(default_factory=dict)
+    dataset_index: int | None = None
 
     @property
     def camera_keys(self) -> list[str]:
         return [*self.video_keys, *self.image_keys]
+
+    def output_key(self, key: str) -> str | None:
+        """The item's name for the dataset's key ``key`` (None: dropped)."""
+        if key.endswith("_is_pad") and key[: -len("_is_pad")] in self.deltas:
+            base = self.output_key(key[: -len("_is_pad")])
+            return None if base is None else f"{base}_is_pad"
+        return self.key_map.get(key, key)
+
+    @property
+    def output_camera_keys(self) -> list[str]:
+        """The item's names of the cameras."""
+        return [k for k in map(self.output_key, self.camera_keys) if k is not None]
 
     def video_positions(self, position: int, length: int) -> dict[str, np.ndarray]:
         """For each video camera, the episode frame positions an item needs, clamped."""
@@ -207,4 +226,8 @@ class ItemSpec:
                 if key in item:
                     item[key] = self.image_transforms(item[key])
         item["task"] = task
+        if self.key_map:
+            item = {self.output_key(k): v for k, v in item.items() if self.output_key(k)}
+        if self.dataset_index is not None:
+            item["dataset_index"] = torch.tensor(self.dataset_index)
         return item

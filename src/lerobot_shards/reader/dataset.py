@@ -12,6 +12,7 @@ elastic resume under another layout in ``elastic``; each worker's share of the b
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -21,18 +22,26 @@ import pyarrow as pa
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from lerobot_shards.format import read_index
-from lerobot_shards.items import ItemSpec, delta_indices
+from lerobot_shards.items import ItemSpec
 from lerobot_shards.reader.allocator import tune_worker_malloc
+from lerobot_shards.reader.catalog import Catalog, DatasetRoot, ItemOptions, Member
 from lerobot_shards.reader.decode import check_backend
 from lerobot_shards.reader.elastic import Ordering, Planner
-from lerobot_shards.reader.meta import DatasetMeta, Selection, read_meta
+from lerobot_shards.reader.meta import DatasetMeta, MixtureMeta, Selection
+from lerobot_shards.reader.mixture import MixturePlan, samples_per_dataset
 from lerobot_shards.reader.partition import part_index, samples_per_part
 from lerobot_shards.reader.pool_budget import PoolBudget, split_budget
+from lerobot_shards.reader.schema import check_batchable, item_schema
 from lerobot_shards.reader.state import Context, Position
 from lerobot_shards.reader.stream import StreamOptions, decode_thread_count, stream_part
 
-__all__ = ["DatasetMeta", "ShardedLeRobotDataset", "rank_and_world_size"]
+__all__ = [
+    "DatasetMeta",
+    "DatasetRoot",
+    "MixtureMeta",
+    "ShardedLeRobotDataset",
+    "rank_and_world_size",
+]
 
 GB = 10**9
 DEFAULT_FRAME_CACHE_GB = 0.5
@@ -94,8 +103,10 @@ class ShardedLeRobotDataset(IterableDataset):
 
     def __init__(
         self,
-        root: str | os.PathLike,
+        root: str | os.PathLike | Sequence[str | os.PathLike | DatasetRoot],
         *,
+        weights: Sequence[float] | None = None,
+        epoch_size: int | None = None,
         episodes: Sequence[int] | None = None,
         shuffle: bool = True,
         seed: int = 0,
@@ -119,13 +130,32 @@ class ShardedLeRobotDataset(IterableDataset):
         if decode_threads is not None and decode_threads < 0:
             raise ValueError(f"decode_threads must be non-negative, got {decode_threads}")
         self.decode_threads = decode_threads
-        self.root = str(root)
+        self.is_mixture = not isinstance(root, (str, os.PathLike, DatasetRoot))
+        sources = list(root) if self.is_mixture else [root]
+        if not sources:
+            raise ValueError("a mixture needs at least one dataset")
+        sources = [s if isinstance(s, DatasetRoot) else DatasetRoot(s) for s in sources]
+        if episodes is not None:
+            if self.is_mixture:
+                raise ValueError(
+                    "episodes= selects one dataset's episodes: give each dataset of a mixture "
+                    "its own with DatasetRoot(root, episodes=...)"
+                )
+            sources = [dataclasses.replace(sources[0], episodes=episodes)]
+        if not self.is_mixture and (weights is not None or epoch_size is not None):
+            raise ValueError("weights and epoch_size are for a mixture (a list of roots)")
+        self.root = str(sources[0].root) if not self.is_mixture else [str(s.root) for s in sources]
         self._storage_options = dict(storage_options or {})
-        self._fs, self._path = fsspec.core.url_to_fs(self.root, **self._storage_options)
-        self._fs_pid = os.getpid()
-        index = read_index(self.fs, self._path)  # first: it says whether this is a dataset
-        self.selection = Selection.read(self.fs, self._path, episodes, self.root)
-        self.meta = read_meta(self.fs, self._path, index, self.selection.manifest, self.root)
+        options = ItemOptions(delta_timestamps, tolerance_s, return_uint8, image_transforms)
+        self.catalog = Catalog.open(sources, self._storage_options, options, self.is_mixture)
+        members = self.catalog.members
+        if self.is_mixture:
+            check_batchable(
+                [item_schema(m.meta.features, m.spec) for m in members], [m.root for m in members]
+            )
+            self.meta = MixtureMeta([m.meta for m in members], [m.spec.key_map for m in members])
+        else:
+            self.meta = members[0].meta
         self.shuffle = shuffle
         self.seed = int(seed)
         self.buffer_size = int(buffer_size)
@@ -136,20 +166,25 @@ class ShardedLeRobotDataset(IterableDataset):
         self.repeat = repeat
         self.pad = pad
         self.video_backend = video_backend
-        unknown = set(delta_timestamps or ()) - set(self.meta.features)
-        if unknown:
-            raise ValueError(f"delta_timestamps keys {sorted(unknown)} are not features of {root}")
-        self.spec = ItemSpec(
-            video_keys=list(self.meta.video_keys),
-            image_keys=list(self.meta.image_keys),
-            deltas=delta_indices(delta_timestamps, self.meta.fps, tolerance_s),
-            return_uint8=return_uint8,
-            image_transforms=image_transforms,
-        )
         self.num_workers = 0
         self._budget(1)  # refuses an episode larger than the whole budget
-        sel = self.selection
-        self._planner = Planner(sel.episodes, sel.lengths, sel.cost)
+        cat = self.catalog
+        frames = [int(m.selection.lengths.sum()) for m in members]
+        self.samples_per_dataset = samples_per_dataset(frames, weights, epoch_size)
+        """Samples each dataset contributes to an epoch."""
+        epoch_units = None
+        if self.samples_per_dataset.tolist() != frames:
+            plan = MixturePlan(
+                cat.episodes_of,
+                [m.selection.lengths for m in members],
+                self.samples_per_dataset,
+                seed=self.seed,
+                shuffle=shuffle,
+            )
+            epoch_units = plan.units
+        self._planner = Planner(cat.episodes, cat.lengths, cat.cost, epoch_units)
+        weighting = None if epoch_units is None else self.samples_per_dataset.tolist()
+        self._fingerprint = cat.fingerprint(weighting)
         self._position = Position()
         self._stats = {
             "peak_budget_bytes": 0,
@@ -159,50 +194,70 @@ class ShardedLeRobotDataset(IterableDataset):
         }
 
     @property
+    def datasets(self) -> list[Member]:
+        """The opened datasets (one, or a mixture's in order): each one's ``root``, ``meta``,
+        ``selection`` and item ``spec``."""
+        return self.catalog.members
+
+    @property
     def fs(self) -> fsspec.AbstractFileSystem:
-        """The filesystem, made anew in each process: async ones (s3, gcs, http) hold an event
-        loop that does not survive a fork into DataLoader workers."""
-        if self._fs_pid != os.getpid():
-            self._fs = fsspec.core.url_to_fs(self.root, **self._storage_options)[0]
-            self._fs_pid = os.getpid()
-        return self._fs
+        """The (first) dataset's filesystem, made anew in each process."""
+        return self.catalog.members[0].fs
+
+    @property
+    def selection(self) -> Selection:
+        """The (first) dataset's selected manifest rows."""
+        return self.catalog.members[0].selection
+
+    @property
+    def spec(self) -> ItemSpec:
+        """How the (first) dataset's items are shaped."""
+        return self.catalog.members[0].spec
 
     @property
     def manifest(self) -> pa.Table:
-        """The manifest rows of the selected episodes, in episode order."""
+        """The manifest rows of the selected episodes, in episode order (of the first dataset
+        of a mixture: each one's is ``ds.datasets[d].selection.table``)."""
         return self.selection.table
 
     @property
     def num_frames(self) -> int:
-        """Frames of the selected episodes."""
-        return int(self.selection.lengths.sum())
+        """Frames of the selected episodes (of every dataset of a mixture)."""
+        return int(self.catalog.lengths.sum())
+
+    @property
+    def epoch_samples(self) -> int:
+        """Samples per epoch over all ranks, padding aside: ``num_frames`` unless a mixture's
+        ``weights`` or ``epoch_size`` say otherwise."""
+        return int(self.samples_per_dataset.sum())
 
     @property
     def num_episodes(self) -> int:
-        """Selected episodes."""
-        return len(self.selection.episodes)
+        """Selected episodes (of every dataset of a mixture)."""
+        return len(self.catalog.episodes)
 
     @property
     def episodes(self) -> list[int]:
-        """The selected episode indices, ascending."""
+        """The selected episode indices, ascending (of the first dataset of a mixture)."""
         return self.selection.episodes.tolist()
 
     @property
     def fingerprint(self) -> str:
-        """``manifest_fingerprint`` of the selected episodes' manifest rows."""
-        return self.selection.fingerprint
+        """``manifest_fingerprint`` of the selected episodes' manifest rows; of a mixture, a
+        digest of every dataset's and of the samples each contributes per epoch."""
+        return self._fingerprint
 
     def __len__(self) -> int:
         """Samples this rank yields per epoch, over all its DataLoader workers."""
         parts, num_parts = self._rank_parts()
-        samples = samples_per_part(self.num_frames, num_parts, self.pad)
+        samples = samples_per_part(self.epoch_samples, num_parts, self.pad)
         return sum(samples[p] for p in parts)
 
     @property
     def padding(self) -> int:
         """How many of this rank's samples per epoch are padding (repeats of its own frames)."""
         parts, num_parts = self._rank_parts()
-        real = samples_per_part(self.num_frames, num_parts, False)
+        real = samples_per_part(self.epoch_samples, num_parts, False)
         return len(self) - sum(real[p] for p in parts)
 
     def memory_stats(self) -> dict[str, int]:
@@ -273,8 +328,6 @@ class ShardedLeRobotDataset(IterableDataset):
         recorded = ctx.workers if in_worker else self.num_workers
         part, following, cursor = self._position.start(ctx, self._planner, first, recorded)
         options = StreamOptions(
-            spec=self.spec,
-            tasks=self.meta.task_names,
             backend=self.video_backend,
             decode_threads=self._decode_threads(ctx.workers if in_worker else 1),
             decode_ahead=self.decode_ahead,
@@ -284,13 +337,13 @@ class ShardedLeRobotDataset(IterableDataset):
             fetch_retries=self.fetch_retries,
             shared_batches=in_worker and self.video_backend == "pyav",
         )
+        self.catalog.resolve_filesystems()
         return stream_part(
             part,
             following,
             cursor,
             ordering=ctx.ordering,
-            selection=self.selection,
-            fs=self.fs,  # resolved here, in the iterating process, not in the fetch threads
+            catalog=self.catalog,
             cache_bytes=budget.cache,
             options=options,
             stats=self._stats,
@@ -328,9 +381,10 @@ class ShardedLeRobotDataset(IterableDataset):
             self.frame_cache,
             workers=workers,
             num_parts=self._layout()[1] * workers,
-            episode_bytes=self.selection.sizes,
-            episodes=self.selection.episodes,
+            episode_bytes=self.catalog.sizes,
+            episodes=self.catalog.episodes,
             buffer_size=self.buffer_size,
+            name=self.catalog.describe,
         )
 
     def _context(self) -> Context:
@@ -344,11 +398,16 @@ class ShardedLeRobotDataset(IterableDataset):
         return Context(world, worker, workers, in_worker, ordering)
 
     def _decode_threads(self, processes: int) -> int:
-        if self.video_backend != "pyav" or not self.spec.video_keys:
+        if self.video_backend != "pyav" or not any(m.spec.video_keys for m in self.datasets):
             return 0
         return decode_thread_count(self.decode_threads, processes)
 
     def __repr__(self) -> str:
+        if self.is_mixture:
+            return (
+                f"ShardedLeRobotDataset({len(self.datasets)} datasets, {self.num_episodes} "
+                f"episodes, {self.num_frames} frames, {self.epoch_samples} samples per epoch)"
+            )
         return (
             f"ShardedLeRobotDataset({self.root!r}, {self.num_episodes} episodes, "
             f"{self.num_frames} frames, fps={self.meta.fps})"

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from lerobot_shards.reader.mixture import Units
 from lerobot_shards.reader.partition import Pieces, samples_per_part, split_parts
 from lerobot_shards.reader.plan import READER_GROUP, first_draws, plan_part
 
@@ -121,14 +122,17 @@ class Checkpoint:
 class Part:
     """One part's frames of one epoch, as the pool draws them.
 
-    Piece ``i`` is episode ``episodes[i]``; its frames lie in rows ``starts[i]:stops[i]`` (what
-    is fetched and decoded). ``positions`` is None for a fresh epoch's part (every row of the
-    range is a frame of the piece, and the pool draws rows directly); for a rest part,
+    Piece ``i`` is episode ``episodes[i]``, a part of the epoch's unit ``units[i]``
+    (:class:`~lerobot_shards.reader.mixture.Units`); its frames lie in rows
+    ``starts[i]:stops[i]`` (what is fetched and decoded). ``positions`` is None for a fresh
+    epoch's part (every row of the range is a frame of the piece, and the pool draws rows
+    directly); for a rest part,
     ``positions[i]`` holds the piece's frame positions, ascending, and the pool draws indices
     into it. ``entropy`` seeds the pool; ``num_samples`` counts the draws, padding included.
     """
 
     epoch: int
+    units: np.ndarray
     episodes: np.ndarray
     starts: np.ndarray
     stops: np.ndarray
@@ -156,15 +160,15 @@ class Part:
         return int(self.positions[piece][frame])
 
     def frames(self) -> tuple[np.ndarray, np.ndarray]:
-        """``(episodes, positions)`` of every frame the part owns."""
+        """``(units, positions)`` of every frame the part owns (episode frame positions)."""
         counts = self.table.counts
-        episodes = np.repeat(self.episodes, counts)
+        units = np.repeat(self.units, counts)
         if self.positions is None:
             starts = np.repeat(self.starts - np.cumsum(counts) + counts, counts)
-            return episodes, starts + np.arange(len(episodes))
+            return units, starts + np.arange(len(units))
         if not len(self.positions):
-            return episodes, np.zeros(0, dtype=np.int64)
-        return episodes, np.concatenate(self.positions).astype(np.int64)
+            return units, np.zeros(0, dtype=np.int64)
+        return units, np.concatenate(self.positions).astype(np.int64)
 
     def plan(self, ordering: Ordering, cost: Cost | None, start: int = 0):
         """This part's planner events (``plan_part``), fast-forwarded by ``start`` draws."""
@@ -192,43 +196,71 @@ class Part:
 
 
 class Planner:
-    """Elastic planning over one dataset's selected frames (pure: no I/O).
+    """Elastic planning over the samples of each epoch (pure: no I/O).
 
-    Frames are numbered ``0..total-1`` episode by episode in ascending episode order (frame
-    ids); consumed and remaining sets are boolean masks over those ids. ``cost`` gives a
+    An epoch's samples are its :class:`~lerobot_shards.reader.mixture.Units` (``epoch_units``;
+    by default every frame of ``episodes`` once, in ascending episode order, the same every
+    epoch), numbered ``0..total-1`` unit by unit (sample ids); consumed and remaining sets are
+    boolean masks over those ids. Every epoch has the same number of samples. ``cost`` gives a
     piece's resident bytes (needed only when an ordering has a byte budget).
     """
 
-    def __init__(self, episodes: np.ndarray, lengths: np.ndarray, cost: Cost | None = None) -> None:
-        episodes = np.asarray(episodes, dtype=np.int64)
-        lengths = np.asarray(lengths, dtype=np.int64)
-        order = np.argsort(episodes, kind="stable")
-        self.episodes, self.lengths = episodes[order], lengths[order]
-        self.ends = np.cumsum(self.lengths)
-        self.begins = self.ends - self.lengths
-        self.total = int(self.ends[-1]) if len(self.ends) else 0
+    def __init__(
+        self,
+        episodes: np.ndarray,
+        lengths: np.ndarray,
+        cost: Cost | None = None,
+        epoch_units: Callable[[int], Units] | None = None,
+    ) -> None:
+        self._constant = Units.whole(episodes, lengths)
+        self._epoch_units = epoch_units
+        self._units: dict[int, tuple[Units, np.ndarray, np.ndarray]] = {}
+        self.total = self._make_units(0).total
         self.cost = cost
         self._fresh: dict[tuple, list[Part]] = {}
         self._segments: dict[tuple, list[list[Part]]] = {}
         self._consumed: dict[tuple, np.ndarray] = {}
         self._positions: dict[Checkpoint, list[tuple[Part, int]]] = {}
 
-    # ------------------------------------------------------------------ frame ids
+    # ------------------------------------------------------------------ sample ids
 
-    def ids(self, episodes: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        """Frame ids of ``(episode, position)`` pairs."""
-        rows = np.searchsorted(self.episodes, np.asarray(episodes, dtype=np.int64))
-        return self.begins[rows] + np.asarray(positions, dtype=np.int64)
+    def units(self, epoch: int) -> Units:
+        """Epoch ``epoch``'s units."""
+        return self._table(epoch)[0]
+
+    def _table(self, epoch: int) -> tuple[Units, np.ndarray, np.ndarray]:
+        """The epoch's units with each one's first sample id and one past its last."""
+        if epoch not in self._units:
+            units = self._make_units(epoch)
+            if units.total != self.total:
+                raise ValueError(f"epoch {epoch} has {units.total} samples, not {self.total}")
+            if len(self._units) >= 8:  # an endless stream plans epoch after epoch: keep few
+                del self._units[next(iter(self._units))]
+            ends = np.cumsum(units.counts)
+            self._units[epoch] = (units, ends - units.counts, ends)
+        return self._units[epoch]
+
+    def _make_units(self, epoch: int) -> Units:
+        return self._constant if self._epoch_units is None else self._epoch_units(epoch)
+
+    def ids(self, epoch: int, units: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """Sample ids of epoch ``epoch``'s frames ``positions`` (within their episodes) of
+        units ``units``."""
+        table, begins, _ = self._table(epoch)
+        units = np.asarray(units, dtype=np.int64)
+        return begins[units] + np.asarray(positions, dtype=np.int64) - table.starts[units]
 
     # ------------------------------------------------------------------ parts of an epoch
 
     def fresh_parts(self, ordering: Ordering, num_parts: int, epoch: int) -> list[Part]:
-        """A fresh epoch's parts, exactly as the reader streams them."""
+        """A fresh epoch's parts, exactly as the reader streams them: its units split as
+        ``split_parts`` splits episodes."""
         key = (ordering.seed, ordering.shuffle, ordering.pad, num_parts, epoch)
         if key not in self._fresh:
+            table = self._table(epoch)[0]
             split = split_parts(
-                self.episodes,
-                self.lengths,
+                np.arange(len(table.episodes)),
+                table.counts,
                 num_parts,
                 seed=ordering.seed,
                 epoch=epoch,
@@ -241,8 +273,9 @@ class Planner:
                 Part(
                     epoch,
                     pieces.episodes,
-                    pieces.starts,
-                    pieces.stops,
+                    table.episodes[pieces.episodes],
+                    table.starts[pieces.episodes] + pieces.starts,
+                    table.starts[pieces.episodes] + pieces.stops,
                     None,
                     (ordering.seed, epoch) if num_parts == 1 else (ordering.seed, epoch, p),
                     samples[p],
@@ -254,24 +287,25 @@ class Planner:
     def rest_parts(
         self, ordering: Ordering, num_parts: int, epoch: int, remaining: np.ndarray
     ) -> list[Part]:
-        """The remaining frames of ``epoch`` (a mask over frame ids) split over ``num_parts``.
+        """The remaining samples of ``epoch`` (a mask over sample ids) split over ``num_parts``.
 
-        Episodes in a seeded order (``default_rng([seed, epoch, 2**32-2, num_parts])``;
+        Units in a seeded order (``default_rng([seed, epoch, 2**32-2, num_parts])``;
         ascending with ``shuffle=False``), each one's remaining positions ascending, cut into
         parts of sizes differing by at most one. With padding every part yields ``ceil(rest /
         num_parts)``; a part left with no frame (fewer frames than parts) repeats one frame of
         the rest, the ``p % rest``-th of the sequence.
         """
+        table, begins, ends = self._table(epoch)
         ids = np.flatnonzero(remaining)
-        rows = np.searchsorted(self.ends, ids, side="right")
-        positions = ids - self.begins[rows]
+        rows = np.searchsorted(ends, ids, side="right")
+        positions = ids - begins[rows] + table.starts[rows]
         used, first, counts = np.unique(rows, return_index=True, return_counts=True)
         if ordering.shuffle and len(used) > 1:
             rng = np.random.default_rng([ordering.seed, epoch, _REST_STREAM, num_parts])
             order = rng.permutation(len(used))
         else:
             order = np.arange(len(used))
-        # The sequence: episode by episode in `order`, each one's frames ascending.
+        # The sequence: unit by unit in `order`, each one's frames ascending.
         firsts, lens = first[order], counts[order]
         seq_index = np.repeat(firsts - np.cumsum(lens) + lens, lens) + np.arange(len(ids))
         seq_rows, seq_pos = rows[seq_index], positions[seq_index]
@@ -285,17 +319,18 @@ class Planner:
             if lo == hi and samples[p]:
                 lo, hi = p % rest, p % rest + 1  # nothing of its own: repeat one frame
             part_rows, part_pos = seq_rows[lo:hi], seq_pos[lo:hi]
-            # Group by episode (a part holds each episode's frames contiguously in the sequence).
+            # Group by unit (a part holds each unit's frames contiguously in the sequence).
             cut = np.flatnonzero(np.diff(part_rows)) + 1
             groups = np.split(part_pos, cut) if hi > lo else []
-            eps = self.episodes[part_rows[np.concatenate([[0], cut])]] if hi > lo else []
-            eps = np.asarray(eps, dtype=np.int64)
-            sort = np.argsort(eps, kind="stable")
+            unit_ids = part_rows[np.concatenate([[0], cut])] if hi > lo else []
+            unit_ids = np.asarray(unit_ids, dtype=np.int64)
+            sort = np.argsort(unit_ids, kind="stable")
             groups = [groups[i] for i in sort.tolist()]
             parts.append(
                 Part(
                     epoch,
-                    eps[sort],
+                    unit_ids[sort],
+                    table.episodes[unit_ids[sort]],
                     np.array([g[0] for g in groups], dtype=np.int64),
                     np.array([g[-1] + 1 for g in groups], dtype=np.int64),
                     tuple(groups),
@@ -388,7 +423,7 @@ class Planner:
         return min(p.epoch for p, _ in self.positions(checkpoint))
 
     def consumed(self, checkpoint: Checkpoint, epoch: int) -> np.ndarray:
-        """Mask of the frames of ``epoch`` consumed by the checkpoint (padding aside)."""
+        """Mask of the samples of ``epoch`` consumed by the checkpoint (padding aside)."""
         key = (checkpoint, epoch)
         if key in self._consumed:
             return self._consumed[key]
@@ -405,7 +440,7 @@ class Planner:
             if part.epoch > epoch:  # this part finished `epoch`: all of it is consumed
                 for earlier in self.stream(c.origin, c.epoch, c.ordering, parts, q):
                     if earlier.epoch == epoch:
-                        mask[self.ids(*earlier.frames())] = True
+                        mask[self.ids(epoch, *earlier.frames())] = True
                         break
             else:
                 mask[drawn(part, c.ordering, k, self)] = True
@@ -414,11 +449,11 @@ class Planner:
 
 
 def drawn(part: Part, ordering: Ordering, k: int, planner: Planner) -> np.ndarray:
-    """Frame ids of the first ``k`` draws of a part's plan (a replay of the planner)."""
+    """Sample ids of the first ``k`` draws of a part's plan (a replay of the planner)."""
     if not k:
         return np.empty(0, dtype=np.int64)
     pieces, frames = first_draws(part.plan(ordering, planner.cost), k)
     if part.positions is not None:  # through the pieces' position arrays, laid end to end
         counts = part.table.counts
         frames = part.frames()[1][(np.cumsum(counts) - counts)[pieces] + frames]
-    return planner.ids(part.episodes[pieces], frames)
+    return planner.ids(part.epoch, part.units[pieces], frames)

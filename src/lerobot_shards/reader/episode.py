@@ -169,7 +169,7 @@ class Episode:
         frames = {}
         for key, positions in spec.video_positions(position, self.length).items():
             camera = self.cameras[key]
-            slot = slots.get(key) if slots is not None else None
+            slot = slots.get(spec.output_key(key)) if slots is not None else None
             if slot is not None and slot.shape[0] == len(positions):
                 for t, p in enumerate(positions.tolist()):
                     camera.take(p, slot[t])
@@ -182,7 +182,7 @@ class Episode:
         task_index = int(self.columns.value("task_index", position))
         item = spec.build(self.columns, position, frames, tasks[task_index])
         # Typed for default_collate, whatever collate_fn the DataLoader was given (collate.py)
-        return typed_item(item, spec.camera_keys)
+        return typed_item(item, spec.output_camera_keys)
 
 
 def load_episode(

@@ -314,3 +314,63 @@ class Selection:
     def length(self, episode: int) -> int:
         """Frames of ``episode``."""
         return int(self.lengths[self._row_of[episode]])
+
+
+class MixtureMeta:
+    """A mixture's metadata, as LeRobot's training loop reads a dataset's: its features, keys
+    and shapes under the common names (those of dataset 0 through its ``key_map``; every
+    dataset has them, the mixture checks it), ``stats`` aggregated over the datasets as LeRobot
+    aggregates them (``stats.aggregate_stats``), and each dataset's own ``DatasetMeta`` in
+    ``datasets``. ``fps`` is dataset 0's (``fps_per_dataset`` gives each one's; each resolves
+    ``delta_timestamps``, which are seconds, at its own)."""
+
+    def __init__(
+        self, datasets: Sequence[DatasetMeta], key_maps: Sequence[dict[str, str | None]]
+    ) -> None:
+        from lerobot_shards.reader.stats import aggregate_stats
+
+        self.datasets = list(datasets)
+        """Each dataset's own metadata, in the mixture's order."""
+        self.key_maps = [dict(k) for k in key_maps]
+        first, rename = self.datasets[0], self.key_maps[0]
+
+        def name(key: str) -> str | None:
+            return rename.get(key, key)
+
+        self.features: dict[str, Any] = {
+            name(k): ft for k, ft in first.features.items() if name(k) is not None
+        }
+        self.video_keys = [name(k) for k in first.video_keys if name(k) is not None]
+        self.image_keys = [name(k) for k in first.image_keys if name(k) is not None]
+        self.camera_keys = [*self.video_keys, *self.image_keys]
+        self.depth_keys = [name(k) for k in first.depth_keys if name(k) is not None]
+        self.fps = first.fps
+        self.fps_per_dataset = [d.fps for d in self.datasets]
+        with_stats = [
+            (d.stats, k) for d, k in zip(self.datasets, self.key_maps, strict=True) if d.stats
+        ]
+        self.stats = (
+            aggregate_stats([s for s, _ in with_stats], [k for _, k in with_stats])
+            if with_stats
+            else None
+        )
+        """Per feature, per statistic: numpy arrays aggregated over the datasets with stats."""
+        self.total_frames = sum(d.total_frames for d in self.datasets)
+        self.total_episodes = sum(d.total_episodes for d in self.datasets)
+        robots = {d.robot_type for d in self.datasets}
+        self.robot_type = robots.pop() if len(robots) == 1 else None
+        """The datasets' robot type if they share one, else None."""
+
+    @property
+    def names(self) -> dict[str, Any]:
+        return {key: ft.get("names") for key, ft in self.features.items()}
+
+    @property
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return {key: tuple(ft["shape"]) for key, ft in self.features.items()}
+
+    def __repr__(self) -> str:
+        return (
+            f"MixtureMeta({len(self.datasets)} datasets, {self.total_episodes} episodes, "
+            f"{self.total_frames} frames, cameras={self.camera_keys})"
+        )

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,12 +53,13 @@ def split_budget(
     episode_bytes: np.ndarray,
     episodes: np.ndarray,
     buffer_size: int,
+    name: Callable[[int], str] = "Episode {}".format,
 ) -> PoolBudget:
     """The budget of each of a rank's ``workers`` parts (``num_parts`` over all ranks).
 
     ``byte_budget`` and ``frame_cache`` are the rank's; ``episode_bytes[i]`` is what episode
     ``episodes[i]`` costs resident (its fetched bytes). Raises ``ValueError``, naming the
-    episode, if one episode alone exceeds a worker's share.
+    episode (as ``name(episode)`` does), if one episode alone exceeds a worker's share.
     """
     sizes = np.asarray(episode_bytes, dtype=np.int64)
     cache = int(frame_cache) // workers
@@ -71,7 +73,7 @@ def split_budget(
         first = over[np.argmin(np.asarray(episodes)[over])]
         split = f" split over the rank's {workers} DataLoader workers" if workers > 1 else ""
         raise ValueError(
-            f"Episode {int(episodes[first])} is {int(sizes[first])} bytes, more than the "
+            f"{name(int(episodes[first]))} is {int(sizes[first])} bytes, more than the "
             f"byte budget of {share} bytes per worker (byte_budget_gb={byte_budget / GB:g}"
             f"{split}): raise byte_budget_gb or use fewer workers"
         )

@@ -17,16 +17,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-import fsspec
 import numpy as np
 
 from lerobot_shards.items import ItemSpec
 from lerobot_shards.reader import transfer
+from lerobot_shards.reader.catalog import Catalog, Member
 from lerobot_shards.reader.elastic import Ordering, Part
-from lerobot_shards.reader.episode import Episode, load_episode
-from lerobot_shards.reader.fetch import ADMIT, EVICT, Prefetcher, read_span
+from lerobot_shards.reader.episode import Episode
+from lerobot_shards.reader.fetch import ADMIT, EVICT, Prefetcher
 from lerobot_shards.reader.frame_cache import FrameCache, read_ahead
-from lerobot_shards.reader.meta import Selection
 from lerobot_shards.reader.plan import Admit, Draws, Evict
 from lerobot_shards.reader.state import Cursor
 
@@ -35,9 +34,6 @@ from lerobot_shards.reader.state import Cursor
 class StreamOptions:
     """How a part is streamed: what items hold and the fetching and decoding knobs."""
 
-    spec: ItemSpec
-    tasks: list[str]
-    """Task string by ``task_index``."""
     backend: str
     decode_threads: int
     """Threads decoding the GOPs of upcoming draws (0: each GOP when first drawn, inline)."""
@@ -61,35 +57,13 @@ def decode_thread_count(requested: int | None, processes: int) -> int:
     return cores // processes if cores > processes else 0
 
 
-def fetch_episode(
-    selection: Selection,
-    episode: int,
-    fs: fsspec.AbstractFileSystem,
-    spec: ItemSpec,
-    backend: str,
-    retries: int,
-) -> Episode:
-    """Fetch, verify and demux ``episode`` (in prefetch threads); frames decode when drawn."""
-    span = selection.span(episode)
-    return load_episode(
-        read_span(fs, span, retries=retries),
-        selection.members(episode),
-        episode_index=episode,
-        length=selection.length(episode),
-        shard=span.path,
-        spec=spec,
-        backend=backend,
-    )
-
-
 def stream_part(
     part: Part,
     following: Iterator[Part],
     cursor: Cursor,
     *,
     ordering: Ordering,
-    selection: Selection,
-    fs: fsspec.AbstractFileSystem,
+    catalog: Catalog,
     cache_bytes: int,
     options: StreamOptions,
     stats: dict[str, int],
@@ -100,7 +74,6 @@ def stream_part(
         return
     parts_of: dict[int, Part] = {}
     cache = FrameCache(cache_bytes)
-    spec = options.spec
     registered = 0  # draws whose frames the cache has been told about
 
     def events() -> Iterator[tuple[int, Any]]:
@@ -108,10 +81,11 @@ def stream_part(
         current, start = part, cursor.offset
         while True:
             parts_of[current.epoch] = current
-            lengths = selection.lengths_of(current.episodes)
-            for event in current.plan(ordering, selection.cost, start):
+            lengths = catalog.lengths_of(current.episodes)
+            specs = [catalog.locate(e)[0].spec for e in current.episodes.tolist()]
+            for event in current.plan(ordering, catalog.cost, start):
                 if type(event) is Draws:
-                    registered = expect_frames(cache, registered, current, lengths, event, spec)
+                    registered = expect_frames(cache, registered, current, lengths, event, specs)
                 yield current.epoch, event
             if not ordering.repeat:
                 return
@@ -128,12 +102,12 @@ def stream_part(
     def size(key: tuple[int, int]) -> int:
         epoch, piece = key
         p = parts_of[epoch]
-        return selection.cost(int(p.episodes[piece]), int(p.starts[piece]), int(p.stops[piece]))
+        return catalog.cost(int(p.episodes[piece]), int(p.starts[piece]), int(p.stops[piece]))
 
-    def load(key: tuple[int, int]) -> Episode:
+    def load(key: tuple[int, int]) -> tuple[Episode, Member]:
         epoch, piece = key
-        episode = int(parts_of[epoch].episodes[piece])
-        return fetch_episode(selection, episode, fs, spec, options.backend, options.fetch_retries)
+        member, episode = catalog.locate(int(parts_of[epoch].episodes[piece]))
+        return member.fetch(episode, options.backend, options.fetch_retries), member
 
     prefetcher = Prefetcher(
         load,
@@ -146,7 +120,7 @@ def stream_part(
     decoder = ThreadPoolExecutor(threads, "lerobot-shards-decode") if threads else None
     pool = transfer.worker_pool() if options.shared_batches else None
     arena = pool.arena if pool is not None else None
-    resident: dict[tuple[int, int], Episode] = {}
+    resident: dict[tuple[int, int], tuple[Episode, Member]] = {}
     fetched = 0
     drawn = 0
     planned = read_ahead(events(), _draw_count, options.frame_lookahead)
@@ -168,14 +142,15 @@ def stream_part(
                 # A run ends before the next eviction, so every episode it draws from is
                 # resident until it ends: decoding ahead within it never outlives a piece.
                 ahead = 0
-                for n, (episode, position) in enumerate(run):
+                for n, ((episode, member), position) in enumerate(run):
                     cache.now = drawn
                     if decoder is not None:
                         while ahead < len(run) and ahead <= n + options.decode_ahead:
-                            run[ahead][0].schedule(run[ahead][1], spec, decoder)
+                            (early, owner), at = run[ahead]
+                            early.schedule(at, owner.spec, decoder)
                             ahead += 1
                     slots = arena.slots() if arena is not None else None
-                    item = episode.item(position, spec, options.tasks, slots)
+                    item = episode.item(position, member.spec, member.meta.task_names, slots)
                     drawn += 1
                     memory = fetched + cache.nbytes
                     stats["peak_resident_memory"] = max(stats["peak_resident_memory"], memory)
@@ -183,12 +158,12 @@ def stream_part(
                     cursor.stream_offset += 1
                     yield item
             elif kind is Admit:
-                value.attach(cache, (epoch, event.piece))
+                value[0].attach(cache, (epoch, event.piece))
                 resident[(epoch, event.piece)] = value
-                fetched += value.fetched
+                fetched += value[0].fetched
                 stats["peak_budget_bytes"] = max(stats["peak_budget_bytes"], prefetcher.peak_bytes)
             else:
-                fetched -= resident.pop((epoch, event.piece)).fetched
+                fetched -= resident.pop((epoch, event.piece))[0].fetched
                 cache.forget((epoch, event.piece))
     finally:
         if decoder is not None:
@@ -204,18 +179,19 @@ def expect_frames(
     part: Part,
     lengths: np.ndarray,
     draws: Draws,
-    spec: ItemSpec,
+    specs: list[ItemSpec],
 ) -> int:
     """Tell ``cache`` which frames each of ``draws`` (numbered from ``first``) will take;
-    returns the next draw's number."""
+    returns the next draw's number. ``specs[i]`` shapes the items of piece ``i``."""
     epoch = part.epoch
-    cameras = [(key, spec.deltas.get(key)) for key in spec.video_keys]
     draw = first
     for piece, frame in zip(draws.pieces.tolist(), draws.frames.tolist(), strict=True):
         position = part.position(piece, frame)
         tag = (epoch, piece)
+        spec = specs[piece]
         keys = []
-        for key, offsets in cameras:
+        for key in spec.video_keys:
+            offsets = spec.deltas.get(key)
             if offsets is None:
                 keys.append((tag, key, position))
             else:

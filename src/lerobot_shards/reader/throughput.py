@@ -5,13 +5,14 @@ Used by ``lerobot-shards stream``, the demo and ``scripts/bench_read.py``. The c
 in the consuming process, from the batches alone:
 
 - samples and camera frames are counted from the batch tensors;
-- coverage is the distinct global ``index`` values seen in the current epoch over the frames
-  this rank yields per epoch (padding repeats count once), so a finished epoch reads 100%;
-- shard bytes are counted when the first sample of an episode piece arrives: each piece (a
-  frame range of one episode in one part, ``partition.split_parts``) is fetched once per epoch by
-  one ranged read of its whole episode, and the pieces of an epoch are disjoint frame ranges,
-  so a sample's global index says which piece it came from. Bytes prefetched for pieces whose
-  samples have not arrived yet are not counted.
+- coverage is the distinct global ``index`` values (of a mixture, ``(dataset_index, index)``)
+  seen in the current epoch over the frames this rank yields per epoch (padding repeats count
+  once), so a finished epoch reads 100%; a mixture also counts each dataset's samples and
+  distinct frames;
+- shard bytes are counted when an episode's first sample of the epoch arrives, once for every
+  piece of it the epoch's plan holds (each piece, a frame range of one episode in one part, is
+  fetched by one ranged read of its whole episode). Bytes prefetched for episodes whose samples
+  have not arrived yet are not counted.
 
 Rates are measured after ``warmup_batches`` batches, so worker start-up and the first fetches
 do not dilute them; ``first_batch_s`` reports that start-up separately.
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -29,7 +30,6 @@ import torch
 from torch.utils.data import DataLoader
 
 from lerobot_shards.reader.dataset import ShardedLeRobotDataset, rank_and_world_size
-from lerobot_shards.reader.partition import split_parts
 
 
 @dataclass
@@ -56,6 +56,14 @@ class StreamStats:
     """Frames this rank yields per epoch (its samples minus padding)."""
     epoch_coverage: list[float] = field(default_factory=list)
     """Coverage of every finished epoch."""
+    dataset_samples: list[int] = field(default_factory=list)
+    """Per dataset of a mixture: samples delivered in ``epoch``."""
+    dataset_seen: list[int] = field(default_factory=list)
+    """Per dataset of a mixture: its distinct frames delivered in ``epoch``."""
+    dataset_frames: list[int] = field(default_factory=list)
+    """Per dataset of a mixture: its selected frames."""
+    dataset_share: list[int] = field(default_factory=list)
+    """Per dataset of a mixture: samples it contributes per epoch over all ranks."""
 
     @property
     def samples_per_s(self) -> float:
@@ -76,53 +84,73 @@ class StreamStats:
 
     @property
     def coverage(self) -> float:
-        """Distinct indices seen in the current epoch / frames in this rank's epoch."""
+        """Distinct samples seen in the current epoch / frames in this rank's epoch (of a
+        mixture: distinct ``(dataset_index, index)`` over this rank's samples per epoch, which
+        reads 100% at the epoch's end only when no frame is drawn twice)."""
         return self.seen / self.epoch_frames if self.epoch_frames else math.nan
 
     def line(self) -> str:
-        """One human-readable progress line."""
-        return (
+        """One human-readable progress line (and one per dataset of a mixture)."""
+        line = (
             f"{self.elapsed_s:7.1f} s  {self.samples_per_s:8.1f} samples/s  "
             f"{self.camera_frames_per_s:8.1f} camera frames/s  "
             f"{self.bytes_per_s / 1e6:7.2f} MB/s  epoch {self.epoch} coverage "
             f"{self.seen}/{self.epoch_frames} ({100 * self.coverage:.1f}%)  "
             f"[{self.samples} samples, first batch after {self.first_batch_s:.2f} s]"
         )
+        return "\n".join([line, *self.dataset_lines()])
+
+    def dataset_lines(self) -> list[str]:
+        """Per dataset of a mixture: its samples this epoch against its share, and the
+        distinct frames they showed."""
+        if len(self.dataset_frames) < 2:
+            return []
+        return [
+            f"    dataset {d}: {n} samples of its {share} per epoch, {seen}/{frames} distinct "
+            f"frames ({100 * seen / frames if frames else 0:.1f}%)"
+            for d, (n, share, seen, frames) in enumerate(
+                zip(
+                    self.dataset_samples,
+                    self.dataset_share,
+                    self.dataset_seen,
+                    self.dataset_frames,
+                    strict=True,
+                )
+            )
+        ]
 
 
 class _FetchCounter:
-    """Shard bytes behind the samples seen: an episode's bytes once per piece per epoch."""
+    """Shard bytes behind the samples seen: when an episode's first sample of the epoch arrives,
+    its bytes once for every piece of it the epoch's plan fetches (its parts over all ranks and
+    workers; an up-weighted dataset's episode may be drawn in several pieces)."""
 
     def __init__(self, ds: ShardedLeRobotDataset, num_parts: int) -> None:
-        table = ds.manifest
-        self._episodes = table.column("episode_index").to_numpy()
-        self._lengths = table.column("length").to_numpy()
-        self._row = {int(e): i for i, e in enumerate(self._episodes.tolist())}
-        self._from = table.column("dataset_from_index").to_numpy()
-        self._sizes = table.column("size").to_numpy()
         self._ds = ds
         self._num_parts = num_parts
+        members = ds.datasets
+        self._from = [m.selection.table.column("dataset_from_index").to_numpy() for m in members]
+        rows = [len(f) for f in self._from]
+        self._first_row = np.concatenate([[0], np.cumsum(rows)[:-1]]).astype(np.int64)
+        self._sizes = ds.catalog.sizes
 
     def start_epoch(self, epoch: int) -> None:
-        parts = split_parts(
-            self._episodes,
-            self._lengths,
-            self._num_parts,
-            seed=self._ds.seed,
-            epoch=epoch,
-            shuffle=self._ds.shuffle,
-        )
-        rows = np.concatenate([[self._row[int(e)] for e in p.episodes] for p in parts]).astype(int)
-        starts = np.concatenate([p.starts for p in parts]) + self._from[rows]
-        order = np.argsort(starts)
-        self._starts = starts[order]
-        self._bytes = self._sizes[rows][order]
-        self._fetched = np.zeros(len(order), dtype=bool)
+        ds = self._ds
+        parts = ds._planner.fresh_parts(ds._context().ordering, self._num_parts, epoch)
+        rows = np.searchsorted(ds.catalog.episodes, np.concatenate([p.episodes for p in parts]))
+        pieces = np.bincount(rows.astype(np.int64), minlength=len(self._sizes))
+        self._bytes = self._sizes * pieces
+        self._fetched = np.zeros(len(self._sizes), dtype=bool)
 
-    def see(self, indices: np.ndarray) -> int:
-        """Bytes of the pieces whose first sample is among ``indices``."""
-        pieces = np.unique(np.searchsorted(self._starts, indices, side="right") - 1)
-        new = pieces[~self._fetched[pieces]]
+    def see(self, datasets: np.ndarray, indices: np.ndarray) -> int:
+        """Bytes of the episodes whose first sample of the epoch is among these samples."""
+        rows = np.empty(len(indices), dtype=np.int64)
+        for d in np.unique(datasets).tolist():
+            mine = datasets == d
+            row = np.searchsorted(self._from[d], indices[mine], side="right") - 1
+            rows[mine] = self._first_row[d] + row
+        new = np.unique(rows)
+        new = new[~self._fetched[new]]
         self._fetched[new] = True
         return int(self._bytes[new].sum())
 
@@ -134,8 +162,9 @@ def _one_intra_op_thread(worker_id: int) -> None:
 
 
 def stream(
-    root: str,
+    root: str | Sequence[str],
     *,
+    weights: Sequence[float] | None = None,
     workers: int = 2,
     batch_size: int = 8,
     seconds: float | None = None,
@@ -153,7 +182,8 @@ def stream(
     interval_s: float = 5.0,
     collate_fn: Callable | None = None,
 ) -> StreamStats:
-    """Stream ``root`` through a ``DataLoader`` and return what it delivered.
+    """Stream ``root`` (or a mixture: a list of roots, with ``weights``) through a
+    ``DataLoader`` and return what it delivered.
 
     Runs ``epochs`` epochs (default 1), or until ``seconds`` have passed (with ``seconds`` and
     no ``epochs``: as many epochs as fit), whichever comes first. DataLoader workers are
@@ -171,8 +201,10 @@ def stream(
         epochs = 1 if seconds is None else None
     started = time.perf_counter()
     deadline = math.inf if seconds is None else started + seconds
+    mixture = {} if isinstance(root, str) else {"weights": weights}
     ds = ShardedLeRobotDataset(
         root,
+        **mixture,
         shuffle=shuffle,
         seed=seed,
         buffer_size=buffer_size,
@@ -193,15 +225,23 @@ def stream(
         worker_init_fn=_one_intra_op_thread if workers > 0 else None,
         collate_fn=collate_fn if batch_size is not None else None,
     )
-    stats = StreamStats(epoch_frames=len(ds) - ds.padding)
-    seen = np.zeros(ds.meta.total_frames, dtype=bool)
+    members = ds.datasets
+    stats = StreamStats(
+        epoch_frames=len(ds) - ds.padding,
+        dataset_frames=[int(m.selection.lengths.sum()) for m in members],
+        dataset_share=ds.samples_per_dataset.tolist(),
+    )
+    seen = [np.zeros(m.meta.total_frames, dtype=bool) for m in members]
     window_start = started if warmup_batches <= 0 and warmup_epochs <= 0 else None
     last_report = started
     epoch = 0
     try:
         while epochs is None or epoch < epochs:
             stats.epoch, stats.seen = epoch, 0
-            seen[:] = False
+            stats.dataset_samples = [0] * len(members)
+            stats.dataset_seen = [0] * len(members)
+            for mask in seen:
+                mask[:] = False
             counter.start_epoch(epoch)
             if warmup_epochs > 0 and epoch == warmup_epochs:
                 window_start = time.perf_counter()
@@ -209,14 +249,23 @@ def stream(
                 now = time.perf_counter()
                 indices = batch["index"].numpy().reshape(-1)
                 n = len(indices)
+                datasets = (
+                    batch["dataset_index"].numpy().reshape(-1)
+                    if ds.is_mixture
+                    else np.zeros(n, dtype=np.int64)
+                )
                 frames = sum(batch[key].numel() // shape[key] for key in shape)
-                fetched = counter.see(indices)
-                seen[indices] = True
+                fetched = counter.see(datasets, indices)
+                for d in np.unique(datasets).tolist():
+                    mine = indices[datasets == d]
+                    seen[d][mine] = True
+                    stats.dataset_samples[d] += len(mine)
+                    stats.dataset_seen[d] = int(seen[d].sum())
                 stats.samples += n
                 stats.batches += 1
                 stats.camera_frames += frames
                 stats.bytes_fetched += fetched
-                stats.seen = int(seen.sum())
+                stats.seen = sum(stats.dataset_seen)
                 stats.elapsed_s = now - started
                 if stats.batches == 1:
                     stats.first_batch_s = stats.elapsed_s

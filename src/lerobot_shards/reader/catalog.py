@@ -1,0 +1,190 @@
+"""The datasets a reader streams: one converted dataset, or the members of a mixture.
+
+Each member is opened (its ``index.json``, manifest and metadata read, concurrently over
+members) and gets its own item shape (``ItemSpec``: its fps resolves ``delta_timestamps``, its
+``key_map`` renames its keys). The planner knows episodes only by *global* ids: member ``d``'s
+episode ``e`` is ``offset[d] + e`` (offset 0 for the first member, so one dataset keeps its own
+episode indices). The catalog turns a global id back into the member and episode to fetch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import fsspec
+import numpy as np
+
+from lerobot_shards.format import read_index
+from lerobot_shards.items import ItemSpec, delta_indices
+from lerobot_shards.reader.episode import Episode, load_episode
+from lerobot_shards.reader.fetch import read_span
+from lerobot_shards.reader.meta import DatasetMeta, Selection, read_meta
+
+OPEN_THREADS = 32
+"""Members opened at once (their small metadata files are read concurrently)."""
+
+
+@dataclass(frozen=True)
+class DatasetRoot:
+    """One dataset of a mixture, with what is its own: ``root`` (a local path or fsspec URL of
+    a converted dataset), ``episodes`` (a selection; None: all), ``storage_options`` (for its
+    filesystem; None: the mixture's) and ``key_map`` (its keys renamed onto the mixture's common
+    names; a key mapped to None is dropped, and a dropped camera is never decoded)."""
+
+    root: str | os.PathLike
+    episodes: Sequence[int] | None = None
+    storage_options: Mapping | None = None
+    key_map: Mapping[str, str | None] = field(default_factory=dict)
+
+
+@dataclass
+class ItemOptions:
+    """The item options every member shares (``ShardedLeRobotDataset``'s)."""
+
+    delta_timestamps: Mapping[str, Sequence[float]] | None
+    tolerance_s: float
+    return_uint8: bool
+    image_transforms: Callable | None
+
+
+class Member:
+    """One opened dataset: its selection, metadata and item shape, and its filesystem (made
+    anew in each process: async ones hold an event loop that does not survive a fork)."""
+
+    def __init__(
+        self,
+        source: DatasetRoot,
+        storage_options: Mapping | None,
+        options: ItemOptions,
+        dataset_index: int | None,
+    ) -> None:
+        self.root = str(source.root)
+        self.storage_options = dict(
+            source.storage_options if source.storage_options is not None else storage_options or {}
+        )
+        self._fs, self.path = fsspec.core.url_to_fs(self.root, **self.storage_options)
+        self._fs_pid = os.getpid()
+        index = read_index(self._fs, self.path)  # first: it says whether this is a dataset
+        self.selection = Selection.read(self._fs, self.path, source.episodes, self.root)
+        self.meta: DatasetMeta = read_meta(
+            self._fs, self.path, index, self.selection.manifest, self.root
+        )
+        key_map = dict(source.key_map)
+        unknown = sorted(set(key_map) - set(self.meta.features) - {"task"})
+        if unknown:
+            raise ValueError(f"key_map of {self.root}: {unknown} are not its features")
+        # delta_timestamps name the items' keys: through key_map, this dataset's own features
+        own_key = {key_map.get(k, k): k for k in self.meta.features if key_map.get(k, k)}
+        deltas = dict(options.delta_timestamps or {})
+        unknown = sorted(set(deltas) - set(own_key))
+        if unknown:
+            raise ValueError(f"delta_timestamps keys {unknown} are not features of {self.root}")
+        resolved = {own_key[key]: value for key, value in deltas.items()}
+        self.spec = ItemSpec(
+            video_keys=[k for k in self.meta.video_keys if key_map.get(k, k) is not None],
+            image_keys=list(self.meta.image_keys),
+            deltas=delta_indices(resolved, self.meta.fps, options.tolerance_s),
+            return_uint8=options.return_uint8,
+            image_transforms=options.image_transforms,
+            key_map=key_map,
+            dataset_index=dataset_index,
+        )
+
+    @property
+    def fs(self) -> fsspec.AbstractFileSystem:
+        if self._fs_pid != os.getpid():
+            self._fs = fsspec.core.url_to_fs(self.root, **self.storage_options)[0]
+            self._fs_pid = os.getpid()
+        return self._fs
+
+    def fetch(self, episode: int, backend: str, retries: int) -> Episode:
+        """Fetch, verify and demux ``episode`` (in prefetch threads); frames decode when drawn."""
+        selection = self.selection
+        span = selection.span(episode)
+        return load_episode(
+            read_span(self.fs, span, retries=retries),
+            selection.members(episode),
+            episode_index=episode,
+            length=selection.length(episode),
+            shard=span.path,
+            spec=self.spec,
+            backend=backend,
+        )
+
+
+class Catalog:
+    """The members a reader streams and their episodes under global ids."""
+
+    def __init__(self, members: Sequence[Member]) -> None:
+        self.members = list(members)
+        spans = [
+            int(m.selection.manifest.column("episode_index").to_numpy().max(initial=-1)) + 1
+            for m in self.members
+        ]
+        self.offsets = np.concatenate([[0], np.cumsum(spans)[:-1]]).astype(np.int64)
+        self.episodes_of = [
+            m.selection.episodes + o for m, o in zip(self.members, self.offsets, strict=True)
+        ]
+        self.episodes = np.concatenate(self.episodes_of) if self.members else np.zeros(0, np.int64)
+        self.lengths = np.concatenate([m.selection.lengths for m in self.members])
+        self.sizes = np.concatenate([m.selection.sizes for m in self.members])
+
+    @classmethod
+    def open(
+        cls,
+        sources: Sequence[DatasetRoot],
+        storage_options: Mapping | None,
+        options: ItemOptions,
+        mixture: bool,
+    ) -> Catalog:
+        """Open every source, concurrently; ``mixture`` adds ``dataset_index`` to items."""
+
+        def open_one(d: int) -> Member:
+            return Member(sources[d], storage_options, options, d if mixture else None)
+
+        if len(sources) == 1:
+            return cls([open_one(0)])
+        with ThreadPoolExecutor(min(OPEN_THREADS, len(sources))) as pool:
+            return cls(list(pool.map(open_one, range(len(sources)))))
+
+    def resolve_filesystems(self) -> None:
+        """Make each member's filesystem in the calling process (the iterating one), not in
+        the fetch threads."""
+        for member in self.members:
+            member.fs  # noqa: B018 (made on first access in a process)
+
+    def locate(self, episode: int) -> tuple[Member, int]:
+        """The member and its own episode index of global episode id ``episode``."""
+        d = int(np.searchsorted(self.offsets, episode, side="right")) - 1
+        return self.members[d], int(episode - self.offsets[d])
+
+    def describe(self, episode: int) -> str:
+        """Global episode id ``episode`` as a user knows it: ``Episode e`` (of which dataset)."""
+        member, own = self.locate(episode)
+        if len(self.members) == 1:
+            return f"Episode {own}"
+        return f"Episode {own} of dataset {self.members.index(member)} ({member.root})"
+
+    def lengths_of(self, episodes: np.ndarray) -> np.ndarray:
+        """Frames of each of the global episode ids ``episodes`` (selected ones)."""
+        return self.lengths[np.searchsorted(self.episodes, episodes)]
+
+    def cost(self, episode: int, start: int, stop: int) -> int:
+        """What a piece of global episode ``episode`` costs the pool budget while resident:
+        its shard bytes, fetched whole whichever rows it draws (``Selection.cost``)."""
+        return int(self.sizes[np.searchsorted(self.episodes, episode)])
+
+    def fingerprint(self, extra: object = None) -> str:
+        """One member: its selection's fingerprint (so its checkpoints stay valid); several:
+        a digest of every member's, in order, and of ``extra`` (what else shapes the epoch)."""
+        if len(self.members) == 1 and extra is None:
+            return self.members[0].selection.fingerprint
+        digest = hashlib.sha256()
+        for member in self.members:
+            digest.update(member.selection.fingerprint.encode())
+        digest.update(repr(extra).encode())
+        return f"mixture:{digest.hexdigest()}"
