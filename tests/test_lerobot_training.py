@@ -170,3 +170,60 @@ def test_the_example_trains_checkpoints_resumes_and_runs_under_torchrun(av1, tmp
         *common,
     )
     assert "resumed at step 20" in out and "done at step 26" in out
+
+
+def test_a_mixture_trains_with_its_aggregated_stats_and_items_equal_lerobots_own(
+    av1, shards, golden_dir
+):
+    """A weighted mixture of a video and an image dataset: make_policy and the processors take
+    its meta (stats aggregated over both), each row of a batch equals LeRobot's own item of its
+    dataset, and training steps run."""
+    from lerobot.datasets.compute_stats import aggregate_stats
+
+    image = shards("image")
+    cfg = tiny_act()
+    mixture = ShardedLeRobotDataset([av1, image], weights=[1, 1], seed=2)
+    delta_timestamps = resolve_delta_timestamps(cfg, mixture.meta)
+    mixture = ShardedLeRobotDataset(
+        [av1, image], weights=[1, 1], delta_timestamps=delta_timestamps, seed=2
+    )
+    own = [
+        LeRobotDataset(
+            f"golden/{name}",
+            root=golden_dir / name,
+            delta_timestamps=delta_timestamps,
+            video_backend="pyav",
+        )
+        for name in (AV1, "image")
+    ]
+    expected_stats = aggregate_stats([ds.meta.stats for ds in own])
+    for key, stats in expected_stats.items():
+        for name, value in stats.items():
+            assert torch.equal(
+                torch.as_tensor(mixture.meta.stats[key][name]), torch.as_tensor(value)
+            )
+    torch.manual_seed(0)
+    policy = make_policy(cfg, ds_meta=mixture.meta)
+    preprocessor, _ = make_pre_post_processors(cfg, dataset_stats=mixture.meta.stats)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-3)
+    loader = ShardedDataLoader(mixture, batch_size=BATCH, num_workers=2)
+    sources = set()
+    for step, batch in enumerate(loader):
+        for row, (d, index) in enumerate(
+            zip(batch["dataset_index"].tolist(), batch["index"].tolist(), strict=True)
+        ):
+            sources.add(d)
+            theirs = own[d][index]
+            for key, value in theirs.items():
+                if isinstance(value, torch.Tensor):
+                    assert torch.equal(batch[key][row], value), (d, index, key)
+                else:
+                    assert batch[key][row] == value, (d, index, key)
+        loss, _ = policy.forward(preprocessor(as_training_loop(batch, mixture.meta.camera_keys)))
+        assert torch.isfinite(loss)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if step == 3:
+            break
+    assert sources == {0, 1}

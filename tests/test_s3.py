@@ -193,3 +193,31 @@ def test_server_is_loopback_only(s3_server: S3Server) -> None:
     assert os.environ["AWS_ACCESS_KEY_ID"] == "testing"
     assert "AWS_PROFILE" not in os.environ
     assert not Path(os.environ["AWS_SHARED_CREDENTIALS_FILE"]).exists()
+
+
+def test_a_mixture_streams_from_s3_and_local_with_each_datasets_own_options(
+    local_av1: Path, s3_bucket: S3Bucket, shards
+) -> None:
+    """One dataset on the S3 server (its own storage options), one local: the mixture's items
+    through 2 DataLoader workers equal the same mixture read all locally."""
+    from torch.utils.data import DataLoader
+
+    from lerobot_shards import DatasetRoot
+
+    image = shards("image")
+    fs = s3_bucket.server.filesystem()
+    url = s3_bucket.url("image")
+    fs.put(str(image), url, recursive=True)
+    s3_bucket.proxy.clear()
+
+    def items(first_root) -> list[dict]:
+        ds = ShardedLeRobotDataset([first_root, local_av1], weights=[2, 1], seed=8, buffer_size=2)
+        ds.num_workers = 2
+        out = list(DataLoader(ds, batch_size=None, num_workers=2))
+        assert len(out) == ds.epoch_samples
+        return sorted(out, key=lambda i: (int(i["dataset_index"]), int(i["index"])))
+
+    remote = items(DatasetRoot(url, storage_options=s3_bucket.storage_options))
+    local = items(image)
+    _assert_same_items(remote, local)
+    assert s3_bucket.proxy.requests("GET", path_contains="/image/shards/")  # fetched from S3
