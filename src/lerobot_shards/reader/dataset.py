@@ -60,7 +60,12 @@ class ShardedLeRobotDataset(IterableDataset):
     once per epoch over all ranks and workers, items equal to ``LeRobotSource[i]``.
 
     ``root`` is a local path or fsspec URL of a converted dataset. ``episodes`` selects episode
-    indices. At most ``buffer_size`` episodes per DataLoader worker are resident (plus a few
+    indices. A list of roots (paths, URLs or :class:`DatasetRoot`, which carries a dataset's own
+    episode selection, storage options and ``key_map``) is a *mixture*: items are each
+    dataset's items plus ``dataset_index``; ``weights`` are each dataset's share of an epoch of
+    ``epoch_size`` samples (default: the total frames; without weights every frame once), exact
+    per frame to floor/ceil and rotating over epochs (``reader/mixture.py``); ``ds.meta`` is a
+    :class:`MixtureMeta`. A mixture whose items would not batch together is refused here. At most ``buffer_size`` episodes per DataLoader worker are resident (plus a few
     prefetched). Decoded frames are held in a cache of ``frame_cache_gb`` (10**9 bytes) per rank,
     shared out over its DataLoader workers, which keeps the frames the plan draws soonest and
     decodes again what it dropped: memory for frames does not grow with pool size or episode

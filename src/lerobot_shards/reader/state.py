@@ -40,8 +40,10 @@ The state format: a plain dict (JSON-serialisable).
   the settings that shape the order. ``byte_budget`` is each part's pool budget for fetched
   episodes: the rank's ``byte_budget_gb`` split over the layout's DataLoader workers, less each
   worker's frame cache.
-- ``fingerprint``: ``format.manifest_fingerprint`` of the selected episodes' manifest rows.
-  Loading a state of another dataset or episode selection is refused with a ``ValueError``.
+- ``fingerprint``: ``format.manifest_fingerprint`` of the selected episodes' manifest rows (of a
+  mixture: a digest of every dataset's, in order, and of the samples each contributes per
+  epoch). Loading a state of another dataset, episode selection or weighting is refused with a
+  ``ValueError``.
 - ``resumed_from`` (only while the rest of an elastically resumed epoch runs): the state the
   rest was planned from; ``epoch`` is then the rest's first epoch and ``offset`` counts the
   samples taken since the resume.
