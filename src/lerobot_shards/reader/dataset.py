@@ -65,7 +65,9 @@ class ShardedLeRobotDataset(IterableDataset):
     dataset's items plus ``dataset_index``; ``weights`` are each dataset's share of an epoch of
     ``epoch_size`` samples (default: the total frames; without weights every frame once), exact
     per frame to floor/ceil and rotating over epochs (``reader/mixture.py``); ``ds.meta`` is a
-    :class:`MixtureMeta`. A mixture whose items would not batch together is refused here. At most ``buffer_size`` episodes per DataLoader worker are resident (plus a few
+    :class:`MixtureMeta`. A mixture whose items would not batch together is refused here.
+
+    At most ``buffer_size`` episodes per DataLoader worker are resident (plus a few
     prefetched). Decoded frames are held in a cache of ``frame_cache_gb`` (10**9 bytes) per rank,
     shared out over its DataLoader workers, which keeps the frames the plan draws soonest and
     decodes again what it dropped: memory for frames does not grow with pool size or episode
