@@ -259,3 +259,27 @@ def test_stats_aggregate_as_lerobot_and_each_datasets_meta_is_there(roots):
     np.testing.assert_array_equal(mixture.meta.stats["observation.state"]["min"], state_min)
     count = own[0].stats["observation.state"]["count"] + own[1].stats["observation.state"]["count"]
     np.testing.assert_array_equal(mixture.meta.stats["observation.state"]["count"], count)
+
+
+def test_a_checkpoint_on_two_ranks_resumes_on_one(roots, monkeypatch):
+    def make():
+        return ShardedLeRobotDataset(
+            [roots["a"], roots["b"]], weights=[1, 2], epoch_size=40, seed=3, pad=False
+        )
+
+    epoch = Counter(ids(make()))
+    assert sum(epoch.values()) == 40
+    before: Counter = Counter()
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for rank in (0, 1):  # every rank takes 7 samples, then the job checkpoints
+        monkeypatch.setenv("RANK", str(rank))
+        ds = make()
+        it = iter(ds)
+        before.update(ids(next(it) for _ in range(7)))
+        state = ds.state_dict()
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    resumed = make()
+    resumed.load_state_dict(state)
+    after = Counter(ids(resumed))
+    assert before + after == epoch
