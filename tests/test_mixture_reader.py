@@ -236,6 +236,10 @@ def test_a_mixture_that_would_not_collate_is_refused_naming_dataset_and_key(root
     item = next(iter(dropped))
     assert CAM not in item and WRIST in item
     assert dropped.datasets[0].spec.video_keys == [WRIST]  # a dropped camera is not decoded
+    with pytest.raises(ValueError, match="gives two of its features the same name"):
+        ShardedLeRobotDataset([DatasetRoot(roots["a"], key_map={"action": "observation.state"})])
+    with pytest.raises(ValueError, match=r"\['acton'\] are not its features"):
+        ShardedLeRobotDataset([DatasetRoot(roots["a"], key_map={"acton": "act"})])
     with pytest.raises(ValueError, match="not features of"):
         ShardedLeRobotDataset([roots["a"], roots["c"]], delta_timestamps={CAM: [0.0]})
     with pytest.raises(ValueError, match="give each dataset of a mixture its own"):

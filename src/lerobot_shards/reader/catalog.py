@@ -9,6 +9,7 @@ episode indices). The catalog turns a global id back into the member and episode
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -39,6 +40,26 @@ class DatasetRoot:
     episodes: Sequence[int] | None = None
     storage_options: Mapping | None = None
     key_map: Mapping[str, str | None] = field(default_factory=dict)
+
+
+def as_sources(
+    root: str | os.PathLike | DatasetRoot | Sequence[str | os.PathLike | DatasetRoot],
+    episodes: Sequence[int] | None,
+) -> tuple[list[DatasetRoot], bool]:
+    """The datasets ``root`` names, and whether it is a mixture (a list, even of one)."""
+    mixture = not isinstance(root, (str, os.PathLike, DatasetRoot))
+    sources = list(root) if mixture else [root]
+    if not sources:
+        raise ValueError("a mixture needs at least one dataset")
+    sources = [s if isinstance(s, DatasetRoot) else DatasetRoot(s) for s in sources]
+    if episodes is not None:
+        if mixture:
+            raise ValueError(
+                "episodes= selects one dataset's episodes: give each dataset of a mixture its "
+                "own with DatasetRoot(root, episodes=...)"
+            )
+        sources = [dataclasses.replace(sources[0], episodes=episodes)]
+    return sources, mixture
 
 
 @dataclass
@@ -79,6 +100,8 @@ class Member:
             raise ValueError(f"key_map of {self.root}: {unknown} are not its features")
         # delta_timestamps name the items' keys: through key_map, this dataset's own features
         own_key = {key_map.get(k, k): k for k in self.meta.features if key_map.get(k, k)}
+        if len(own_key) != sum(1 for k in self.meta.features if key_map.get(k, k)):
+            raise ValueError(f"key_map of {self.root} gives two of its features the same name")
         deltas = dict(options.delta_timestamps or {})
         unknown = sorted(set(deltas) - set(own_key))
         if unknown:

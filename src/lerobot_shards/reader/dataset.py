@@ -12,7 +12,6 @@ elastic resume under another layout in ``elastic``; each worker's share of the b
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -24,7 +23,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from lerobot_shards.items import ItemSpec
 from lerobot_shards.reader.allocator import tune_worker_malloc
-from lerobot_shards.reader.catalog import Catalog, DatasetRoot, ItemOptions, Member
+from lerobot_shards.reader.catalog import Catalog, DatasetRoot, ItemOptions, Member, as_sources
 from lerobot_shards.reader.decode import check_backend
 from lerobot_shards.reader.elastic import Ordering, Planner
 from lerobot_shards.reader.meta import DatasetMeta, MixtureMeta, Selection
@@ -137,21 +136,11 @@ class ShardedLeRobotDataset(IterableDataset):
         if decode_threads is not None and decode_threads < 0:
             raise ValueError(f"decode_threads must be non-negative, got {decode_threads}")
         self.decode_threads = decode_threads
-        self.is_mixture = not isinstance(root, (str, os.PathLike, DatasetRoot))
-        sources = list(root) if self.is_mixture else [root]
-        if not sources:
-            raise ValueError("a mixture needs at least one dataset")
-        sources = [s if isinstance(s, DatasetRoot) else DatasetRoot(s) for s in sources]
-        if episodes is not None:
-            if self.is_mixture:
-                raise ValueError(
-                    "episodes= selects one dataset's episodes: give each dataset of a mixture "
-                    "its own with DatasetRoot(root, episodes=...)"
-                )
-            sources = [dataclasses.replace(sources[0], episodes=episodes)]
+        sources, self.is_mixture = as_sources(root, episodes)
         if not self.is_mixture and (weights is not None or epoch_size is not None):
             raise ValueError("weights and epoch_size are for a mixture (a list of roots)")
-        self.root = str(sources[0].root) if not self.is_mixture else [str(s.root) for s in sources]
+        self.root = [str(s.root) for s in sources] if self.is_mixture else str(sources[0].root)
+        """The root as given; of a mixture, the list of roots."""
         self._storage_options = dict(storage_options or {})
         options = ItemOptions(delta_timestamps, tolerance_s, return_uint8, image_transforms)
         self.catalog = Catalog.open(sources, self._storage_options, options, self.is_mixture)
