@@ -217,6 +217,9 @@ def test_a_mixture_streams_from_s3_and_local_with_each_datasets_own_options(
         assert len(out) == ds.epoch_samples
         return sorted(out, key=lambda i: (int(i["dataset_index"]), int(i["index"])))
 
+    ShardedLeRobotDataset([DatasetRoot(url, storage_options=s3_bucket.storage_options)])
+    # opening reads each small file whole: index, manifest, info, tasks, stats, one GET each
+    assert [r.method for r in s3_bucket.proxy.requests()] == ["GET"] * 5
     remote = items(DatasetRoot(url, storage_options=s3_bucket.storage_options))
     local = items(image)
     _assert_same_items(remote, local)

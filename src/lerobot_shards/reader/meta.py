@@ -22,6 +22,7 @@ from lerobot_shards.format import (
     join,
     manifest_fingerprint,
     read_manifest,
+    read_whole,
 )
 from lerobot_shards.reader.fetch import Span
 
@@ -205,8 +206,7 @@ def read_meta(
     def read_json(relative: str, required: bool) -> Any:
         file = join(path, relative)
         try:
-            with fs.open(file, "rb") as f:
-                return json.load(f)
+            return json.loads(read_whole(fs, file))  # one GET on object storage
         except FileNotFoundError:
             if required:
                 raise FormatError(
@@ -219,8 +219,9 @@ def read_meta(
     info = read_json(INFO_FILE, True)
     tasks_path = join(path, TASKS_FILE)
     try:
-        with fs.open(tasks_path, "rb") as f:
-            table = pq.read_table(f, columns=["task_index", "task"])
+        table = pq.read_table(
+            pa.BufferReader(read_whole(fs, tasks_path)), columns=["task_index", "task"]
+        )
     except FileNotFoundError:
         raise FormatError(f"{tasks_path} not found: the converted dataset is incomplete") from None
     except Exception as exc:
@@ -272,7 +273,7 @@ class Selection:
                 raise ValueError(
                     f"episodes {missing.tolist()} are not in {root} ({len(present)} episodes)"
                 )
-        return cls(table.take(rows), path, table)
+        return cls(table if episodes is None else table.take(rows), path, table)
 
     @property
     def fingerprint(self) -> str:
