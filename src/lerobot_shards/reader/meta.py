@@ -66,7 +66,21 @@ class EpisodeTable:
         return f"EpisodeTable({len(self)} episodes, columns {self.column_names})"
 
 
-class DatasetMeta:
+class _FeatureViews:
+    """``names`` and ``shapes`` by feature, as LeRobot's metadata gives them."""
+
+    features: dict[str, Any]
+
+    @property
+    def names(self) -> dict[str, Any]:
+        return {key: ft.get("names") for key, ft in self.features.items()}
+
+    @property
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return {key: tuple(ft["shape"]) for key, ft in self.features.items()}
+
+
+class DatasetMeta(_FeatureViews):
     """A converted dataset's metadata, as LeRobot's ``LeRobotDatasetMetadata`` gives it: what
     LeRobot's ``make_policy``, its processors and its training script read (``features``,
     ``stats`` as numpy arrays, ``fps``, camera keys, ``tasks``, ``episodes``, totals, ...)."""
@@ -154,14 +168,6 @@ class DatasetMeta:
     def video_path(self) -> str | None:
         """The source's video path template (the shards do not use it)."""
         return self.info.get("video_path")
-
-    @property
-    def names(self) -> dict[str, Any]:
-        return {key: ft.get("names") for key, ft in self.features.items()}
-
-    @property
-    def shapes(self) -> dict[str, tuple[int, ...]]:
-        return {key: tuple(ft["shape"]) for key, ft in self.features.items()}
 
     @property
     def depth_keys(self) -> list[str]:
@@ -317,7 +323,7 @@ class Selection:
         return int(self.lengths[self._row_of[episode]])
 
 
-class MixtureMeta:
+class MixtureMeta(_FeatureViews):
     """A mixture's metadata, as LeRobot's training loop reads a dataset's: its features, keys
     and shapes under the common names (those of dataset 0 through its ``key_map``; every
     dataset has them, the mixture checks it), ``stats`` aggregated over the datasets as LeRobot
@@ -361,14 +367,6 @@ class MixtureMeta:
         robots = {d.robot_type for d in self.datasets}
         self.robot_type = robots.pop() if len(robots) == 1 else None
         """The datasets' robot type if they share one, else None."""
-
-    @property
-    def names(self) -> dict[str, Any]:
-        return {key: ft.get("names") for key, ft in self.features.items()}
-
-    @property
-    def shapes(self) -> dict[str, tuple[int, ...]]:
-        return {key: tuple(ft["shape"]) for key, ft in self.features.items()}
 
     def __repr__(self) -> str:
         return (
