@@ -32,7 +32,8 @@ from lerobot_shards.reader.state import Cursor
 
 @dataclass(frozen=True)
 class StreamOptions:
-    """How a part is streamed: what items hold and the fetching and decoding knobs."""
+    """How a part is streamed: the fetching and decoding knobs (each dataset of the catalog
+    shapes its own items)."""
 
     backend: str
     decode_threads: int
