@@ -19,7 +19,8 @@ from click.testing import CliRunner
 from lerobot_shards import convert
 from lerobot_shards.cli import main
 from lerobot_shards.converter import ray_executor
-from lerobot_shards.converter.run import DONE_DIR, ConvertError, convert_episode
+from lerobot_shards.converter.job import DONE_DIR, read_records
+from lerobot_shards.converter.run import ConvertError, convert_episode
 from lerobot_shards.format import INDEX_FILE, MANIFEST_FILE, checksum, shard_path
 from lerobot_shards.testing.factory import make_dataset
 
@@ -58,12 +59,16 @@ def reference(golden: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[st
 
 
 def tree(root: Path) -> dict[str, bytes]:
-    """Every file under ``root`` (shards, manifest, index, meta, resume records) by path."""
-    return {
+    """Every file under ``root`` (shards, manifest, index, meta) by path, and the resume
+    records (which each process logs under a name of its own) under ``DONE_DIR``."""
+    files = {
         p.relative_to(root).as_posix(): p.read_bytes()
         for p in sorted(root.rglob("*"))
-        if p.is_file()
+        if p.is_file() and not p.relative_to(root).as_posix().startswith(DONE_DIR)
     }
+    records = read_records(fsspec.filesystem("file"), str(root))
+    files[DONE_DIR] = repr(sorted(records.items())).encode()
+    return files
 
 
 def assert_same_conversion(got: dict[str, bytes], want: dict[str, bytes]) -> None:
@@ -78,7 +83,7 @@ def assert_same_conversion(got: dict[str, bytes], want: dict[str, bytes]) -> Non
 
 
 def finished_episodes(dest: Path) -> set[int]:
-    return {int(p.stem.split("-")[1]) for p in (dest / DONE_DIR).glob("*/*.json")}
+    return set(read_records(fsspec.filesystem("file"), str(dest)))
 
 
 # --------------------------------------------------------------------------------------------

@@ -57,19 +57,54 @@ def cut_episode(
     """Stream-copy the frames at ``from_timestamp + timestamps[k]`` into a new mp4.
 
     ``file`` is a local path or a seekable binary file (any fsspec file); only the episode's
-    region and the index are read.
-    If the first frame is not a keyframe, the cut starts at the keyframe before it and the
-    header's ``skip_frames`` says how many leading frames to drop. ``where`` names the episode
-    and camera in errors.
+    region and the index are read. See :meth:`SourceVideo.cut`.
     """
-    if not timestamps:
-        raise CutError(f"{where}: episode has no frames")
-    with av.open(file, mode="r", buffer_size=IO_BUFFER) as container:
-        if not container.streams.video:
+    with SourceVideo(file, where) as video:
+        return video.cut(
+            from_timestamp=from_timestamp,
+            timestamps=timestamps,
+            fps=fps,
+            tolerance_s=tolerance_s,
+            where=where,
+        )
+
+
+class SourceVideo:
+    """A source mp4 opened once and cut episode after episode.
+
+    Opening parses the file's index, which covers every episode in it (hundreds in a LeRobot
+    v3.0 file): a worker that keeps the file open pays that once, not once per episode. Every
+    cut seeks afresh, so a cut's bytes do not depend on which cuts came before it.
+    """
+
+    def __init__(self, file: str | BinaryIO, where: str = "video") -> None:
+        self.container = av.open(file, mode="r", buffer_size=IO_BUFFER)
+        if not self.container.streams.video:
+            self.container.close()
             raise CutError(f"{where}: no video stream")
-        stream = container.streams.video[0]
-        if stream.time_base is None:
+        self.stream = self.container.streams.video[0]
+        if self.stream.time_base is None:
+            self.container.close()
             raise CutError(f"{where}: video stream has no time base")
+
+    def cut(
+        self,
+        *,
+        from_timestamp: float,
+        timestamps: list[float],
+        fps: float,
+        tolerance_s: float = DEFAULT_TOLERANCE_S,
+        where: str = "video",
+    ) -> Cut:
+        """Stream-copy the frames at ``from_timestamp + timestamps[k]`` into a new mp4.
+
+        If the first frame is not a keyframe, the cut starts at the keyframe before it and the
+        header's ``skip_frames`` says how many leading frames to drop. ``where`` names the
+        episode and camera in errors.
+        """
+        if not timestamps:
+            raise CutError(f"{where}: episode has no frames")
+        container, stream = self.container, self.stream
         tb = float(stream.time_base)  # seconds per tick; floats are exact enough and fast
         first_s = from_timestamp + timestamps[0]
         last_s = from_timestamp + timestamps[-1]
@@ -89,7 +124,7 @@ def cut_episode(
                 f"the episode), expected {len(timestamps)} + {skip}: the episode's frames are "
                 "not contiguous in decode order"
             )
-        data = _remux(container, stream, span)
+        data = _remux(stream, span)
         cc = stream.codec_context
         camera = CameraHeader(
             codec=cc.codec.canonical_name,
@@ -100,8 +135,17 @@ def cut_episode(
             frames=len(span),
             skip_frames=skip,
         )
-    _check_cut(data, camera, where)
-    return Cut(data=data, camera=camera)
+        _check_cut(data, camera, where)
+        return Cut(data=data, camera=camera)
+
+    def close(self) -> None:
+        self.container.close()
+
+    def __enter__(self) -> SourceVideo:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def _demux_span(
@@ -183,9 +227,7 @@ def _locate(
     return [pkts[i] for i in chosen], start, max(chosen) + 1
 
 
-def _remux(
-    container: av.container.InputContainer, stream: av.video.stream.VideoStream, span: list[_Pkt]
-) -> bytes:
+def _remux(stream: av.video.stream.VideoStream, span: list[_Pkt]) -> bytes:
     """Write the packets to a new mp4, pts and dts shifted so the first frame shows at 0."""
     base = min(p.pts for p in span)
     buf = io.BytesIO()
@@ -203,7 +245,7 @@ def _remux(
 
 def _check_cut(data: bytes, camera: CameraHeader, where: str) -> None:
     """Re-read the cut's sample table (no demuxing): it must hold the frames the header says."""
-    with av.open(io.BytesIO(data), mode="r") as container:
+    with av.open(io.BytesIO(data), mode="r", format="mp4") as container:
         count = container.streams.video[0].frames
     if count != camera.frames:
         raise CutError(f"{where}: the written mp4 holds {count} frames, expected {camera.frames}")

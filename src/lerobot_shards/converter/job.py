@@ -1,13 +1,16 @@
-"""Converting one episode: ``convert_episode``, the function every executor runs.
+"""Converting episodes: ``convert_episode``, the function every executor runs.
 
-The driver (``run``) calls ``convert_episode`` in its own process or in a process pool; the
+The driver (``run``) calls it in its own process or, through ``convert_episodes`` (a run of
+consecutive episodes per task, so a task's cost is not its scheduling), in a process pool; the
 Ray executor (``ray_executor``) runs it as Ray tasks; so every executor writes the same bytes.
+Each process keeps its source open across episodes, with the source videos it is cutting.
 Both import what they share from here (the job's arguments, ``ConvertError``, the resume
 records): ``run`` imports ``ray_executor`` only when the Ray executor is chosen, and
 ``ray_executor`` never imports ``run``.
 
-After an episode's shard is in place, ``convert_episode`` saves its manifest row as a small
-resume record under ``DEST/.convert/done/``; ``run`` reads these records to skip finished
+After an episode's shard is in place, ``convert_episode`` saves its manifest row as a resume
+record under ``DEST/.convert/done/`` (a JSON line: on a local disk appended to the process's own
+log, elsewhere one object each); ``run`` reads them back (``read_records``) to skip finished
 episodes on a rerun.
 """
 
@@ -15,13 +18,13 @@ from __future__ import annotations
 
 import json
 import os
-import posixpath
-from dataclasses import asdict, dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from lerobot_shards.converter.shard import TMP_SUFFIX, write_episode_shard
+from lerobot_shards.converter.shard import SourceVideos, write_episode_shard
 from lerobot_shards.format import (
     EPISODES_PER_SHARD_DIR,
     ManifestRow,
@@ -53,13 +56,20 @@ class JobArgs:
 
 
 class _Job:
-    """The source and destination opened once per process and run, reused across episodes."""
+    """The source (and its videos) and the destination opened once per process and run,
+    reused across episodes."""
 
     def __init__(self, args: JobArgs, src: Source | None = None) -> None:
         self.args = args
         self.src = src or open_source(args.source, args.storage_options)
+        self.videos = SourceVideos(self.src)
         self.fs, root = fsspec.core.url_to_fs(args.dest, **(args.dest_storage_options or {}))
         self.root = root.rstrip("/") or "/"
+        self.records = _Records(self.fs, self.root, args.run_id)
+
+    def close(self) -> None:
+        self.videos.close()
+        self.records.close()
 
 
 _PROCESS_JOB: _Job | None = None
@@ -70,37 +80,47 @@ def job_for(args: JobArgs, src: Source | None = None) -> _Job:
     process has none for these arguments."""
     global _PROCESS_JOB
     if _PROCESS_JOB is None or _PROCESS_JOB.args != args:
+        forget_job()
         _PROCESS_JOB = _Job(args, src)
     return _PROCESS_JOB
 
 
 def forget_job() -> None:
-    """Drop this process's open job (the driver does, after converting in its own process)."""
+    """Close and drop this process's open job (the driver does, after converting in its own
+    process)."""
     global _PROCESS_JOB
+    if _PROCESS_JOB is not None:
+        _PROCESS_JOB.close()
     _PROCESS_JOB = None
 
 
-def convert_episode(args: JobArgs, episode_index: int) -> ManifestRow:
+def convert_episode(args: JobArgs, episode_index: int, then: Sequence[int] = ()) -> ManifestRow:
     """The per-episode work every executor runs: write the shard, then its resume record.
 
-    Idempotent, so a retry after a crash is safe: the shard and then its record appear
-    atomically (temp file and rename, or one upload) with the same bytes every time.
+    Idempotent, so a retry after a crash is safe: the shard appears atomically (temp file and
+    rename, or one upload) with the same bytes every time, and only then its record. ``then``:
+    the episodes this process converts next (their rows are read along).
     """
     job = job_for(args)
-    row = write_episode_shard(job.src, episode_index, job.fs, job.root, args.tolerance_s)
-    record = record_path(job.root, episode_index)
-    job.fs.makedirs(posixpath.dirname(record), exist_ok=True)
-    data = row_to_json(row)
-    if isinstance(job.fs, LocalFileSystem):
-        # Whole or absent: a record half-written when the process was killed would be seen
-        # (and its finished shard converted again) on the rerun.
-        tmp = f"{record}.{os.getpid()}{TMP_SUFFIX}"
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, record)
-    else:
-        job.fs.pipe_file(record, data)  # one upload: an object appears whole
+    row = write_episode_shard(
+        job.src, episode_index, job.fs, job.root, args.tolerance_s, job.videos, then
+    )
+    job.records.save(row)
     return row
+
+
+def convert_episodes(args: JobArgs, episode_indices: list[int]) -> list[ManifestRow]:
+    """``convert_episode`` for each of a run of episodes, in order: one pool task.
+
+    A failure names its episode (and ends the task: the driver stops the run).
+    """
+    rows = []
+    for k, i in enumerate(episode_indices):
+        try:
+            rows.append(convert_episode(args, i, episode_indices[k + 1 :]))
+        except Exception as exc:
+            raise ConvertError(f"episode {i}: {exc}") from exc
+    return rows
 
 
 # --------------------------------------------------------------------------------------------
@@ -108,14 +128,60 @@ def convert_episode(args: JobArgs, episode_index: int) -> ManifestRow:
 # --------------------------------------------------------------------------------------------
 
 
-def record_path(root: str, episode_index: int) -> str:
-    """Where the resume record of ``episode_index`` lives under the destination ``root``."""
-    chunk = episode_index // EPISODES_PER_SHARD_DIR
-    return join(root, f"{DONE_DIR}/{chunk:03d}/{episode_key(episode_index)}.json")
+class _Records:
+    """Where a process saves its resume records, one JSON line per finished episode.
+
+    On a local disk they are appended to the process's own log, one per process and run: one
+    file per episode made a hundred thousand files to create, and on a rerun to read. A kill
+    mid-write leaves at most a torn last line, which ``read_records`` skips (that episode is
+    converted again). Elsewhere objects cannot be appended to, so each record is one object.
+    """
+
+    def __init__(self, fs: fsspec.AbstractFileSystem, root: str, run_id: str) -> None:
+        self.fs, self.root, self.run_id = fs, root, run_id
+        self._fd: int | None = None
+
+    def save(self, row: ManifestRow) -> None:
+        line = row_to_json(row) + b"\n"
+        if not isinstance(self.fs, LocalFileSystem):
+            chunk = row.episode_index // EPISODES_PER_SHARD_DIR
+            name = f"{DONE_DIR}/{chunk:03d}/{episode_key(row.episode_index)}.jsonl"
+            self.fs.pipe_file(join(self.root, name), line)  # one upload: appears whole
+            return
+        if self._fd is None:
+            log = join(self.root, f"{DONE_DIR}/{self.run_id}-{os.getpid()}.jsonl")
+            os.makedirs(os.path.dirname(log), exist_ok=True)
+            self._fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        view = memoryview(line)
+        while view:
+            view = view[os.write(self._fd, view) :]
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def read_records(fs: fsspec.AbstractFileSystem, root: str) -> dict[int, ManifestRow]:
+    """Every resume record under the destination ``root``, by episode; torn or unreadable
+    lines are skipped."""
+    done_dir = join(root, DONE_DIR)
+    if not fs.exists(done_dir):
+        return {}
+    paths = [p for p in fs.find(done_dir) if p.endswith(".jsonl")]
+    rows = {}
+    for data in fs.cat(paths).values() if paths else ():  # concurrent on object stores
+        for line in data.splitlines():
+            try:
+                row = row_from_json(line)
+            except (ValueError, TypeError, KeyError):
+                continue
+            rows[row.episode_index] = row
+    return rows
 
 
 def row_to_json(row: ManifestRow) -> bytes:
-    return json.dumps(asdict(row)).encode()
+    return json.dumps({**vars(row), "members": [vars(m) for m in row.members]}).encode()
 
 
 def row_from_json(data: bytes) -> ManifestRow:

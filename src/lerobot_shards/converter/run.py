@@ -1,20 +1,20 @@
 """The conversion driver: episodes in parallel, resumable, with progress; ``convert()``.
 
 Every executor runs the same per-episode function, ``job.convert_episode``: in this process, in
-a local process pool, or as Ray tasks on a cluster (``ray_executor``). The driver alone decides
-what to convert, shows progress and writes the dataset-level files.
+a local process pool (runs of consecutive episodes per task, ``job.convert_episodes``), or as
+Ray tasks on a cluster (``ray_executor``). The driver alone decides what to convert, shows
+progress and writes the dataset-level files.
 
 Resume works from small per-episode records: after an episode's shard is in place, its manifest
-row is saved under ``DEST/.convert/done/``. A rerun trusts a record whose shard still has the
-recorded size and converts everything else; ``index.json`` is written last, so an interrupted
-run is never mistaken for a finished one.
+row is saved under ``DEST/.convert/done/`` (``job.read_records`` reads them back). A rerun
+trusts a record whose shard still has the recorded size and converts everything else;
+``index.json`` is written last, so an interrupted run is never mistaken for a finished one.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import multiprocessing
 import os
 import posixpath
 import time
@@ -31,16 +31,16 @@ from tqdm.auto import tqdm
 
 from lerobot_shards import __version__
 from lerobot_shards.converter.cut import DEFAULT_TOLERANCE_S
+from lerobot_shards.converter.forkserver import worker_context
 from lerobot_shards.converter.job import (
-    DONE_DIR,
     STATE_DIR,
     ConvertError,
     JobArgs,
     convert_episode,
+    convert_episodes,
     forget_job,
     job_for,
-    record_path,
-    row_from_json,
+    read_records,
 )
 from lerobot_shards.converter.shard import TMP_SUFFIX
 from lerobot_shards.format import (
@@ -60,8 +60,8 @@ from lerobot_shards.format import (
 )
 from lerobot_shards.source import Source, open_source
 
-# ConvertError, JobArgs, convert_episode, STATE_DIR and DONE_DIR live in ``job`` (``ray_executor``
-# needs them too) and are importable from here as well.
+# ConvertError, JobArgs, convert_episode and STATE_DIR live in ``job`` (``ray_executor`` needs
+# them too) and are importable from here as well.
 
 OPTIONS_FILE = f"{STATE_DIR}/options.json"
 EXECUTORS = ("local", "ray")
@@ -115,7 +115,8 @@ def convert(
     ``executor="ray"``: Ray tasks on the cluster at ``ray_address`` (default: ``RAY_ADDRESS``,
     else a new local Ray instance; an already initialised Ray is used as it is); source and
     destination must be reachable from every node. ``max_in_flight`` bounds the episodes
-    submitted and not yet collected (default: twice the workers, or the cluster's CPUs).
+    submitted and not yet collected (default: two pool tasks of up to ``MAX_BATCH`` episodes
+    per worker, or twice the cluster's CPUs).
     Both executors write the same bytes.
     """
     started = time.perf_counter()
@@ -161,7 +162,7 @@ def convert(
         n_workers = (os.cpu_count() or 1) if workers is None else max(0, int(workers))
         if in_memory:
             n_workers = 0
-        finished = _run_local(args, src, todo, n_workers, max_in_flight or 2 * n_workers)
+        finished = _run_local(args, src, todo, n_workers, max_in_flight)
     written = 0
     with tqdm(
         total=len(selected),
@@ -264,28 +265,19 @@ def _finished_records(
     fs: fsspec.AbstractFileSystem, root: str, selected: list[int]
 ) -> dict[int, ManifestRow]:
     """Rows of the episodes already done: a record exists and its shard has the recorded size."""
-    done_dir = join(root, DONE_DIR)
+    records = read_records(fs, root)
     shards_dir = join(root, SHARDS_DIR)
-    if not fs.exists(done_dir) or not fs.exists(shards_dir):
+    if not records or not fs.exists(shards_dir):
         return {}
-    records = set(fs.find(done_dir))
     sizes = {
         posixpath.relpath(path, root): info["size"]
         for path, info in fs.find(shards_dir, detail=True).items()
     }
-    done = {}
-    for i in selected:
-        path = record_path(root, i)
-        if path not in records:
-            continue
-        with fs.open(path, "rb") as f:
-            try:
-                row = row_from_json(f.read())
-            except (ValueError, TypeError, KeyError):
-                continue
-        if row.episode_index == i and sizes.get(row.shard) == row.size:
-            done[i] = row
-    return done
+    return {
+        i: row
+        for i in selected
+        if (row := records.get(i)) is not None and sizes.get(row.shard) == row.size
+    }
 
 
 def _protocols(fs: fsspec.AbstractFileSystem) -> tuple[str, ...]:
@@ -302,52 +294,83 @@ def _absolute(url: str) -> str:
 # --------------------------------------------------------------------------------------------
 
 
+MAX_BATCH = 64
+"""Most episodes in one pool task."""
+
+
+def batches(todo: list[int], workers: int, max_size: int = MAX_BATCH) -> list[list[int]]:
+    """``todo`` cut into runs of consecutive episodes, one pool task each, largest first.
+
+    Consecutive episodes share source files, which a worker keeps open from one episode to the
+    next. Each run holds a ``2 * workers``-th of the episodes still to plan (guided
+    self-scheduling), at most ``max_size``: few tasks, so scheduling costs nothing per
+    episode, and small ones last, so the workers finish together.
+    """
+    out = []
+    start = 0
+    while start < len(todo):
+        size = min(max_size, max(1, -(-(len(todo) - start) // (2 * max(1, workers)))))
+        out.append(todo[start : start + size])
+        start += size
+    return out
+
+
 def _run_local(
-    args: JobArgs, src: Source, todo: list[int], workers: int, in_flight: int
+    args: JobArgs, src: Source, todo: list[int], workers: int, in_flight: int | None
 ) -> Iterator[ManifestRow]:
     """Convert the episodes here or in a process pool, yielding rows as they finish; the first
-    failure stops the run."""
+    failure stops the run. ``in_flight`` bounds the episodes submitted and not yet collected
+    (default: two tasks per worker)."""
     if not todo:
         return
     if workers <= 1:
         job_for(args, src)  # reuse the driver's open source
         try:
-            for i in todo:
-                yield _checked(args, i)
+            for task in batches(todo, 1):
+                for k, i in enumerate(task):
+                    yield _checked(args, i, task[k + 1 :])
         finally:
             forget_job()
         return
-    # A forkserver where the platform has one: forking the caller, whose threads (pyarrow's,
-    # fsspec's, torch's) may hold locks, can leave a worker blocked forever on a lock no thread
-    # will release (seen here: a converter worker forked from a test process). Each worker
-    # imports the converter once and opens its own source and destination.
-    methods = multiprocessing.get_all_start_methods()
-    ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
-    with ProcessPoolExecutor(max_workers=min(workers, len(todo)), mp_context=ctx) as pool:
-        pending: dict[Future, int] = {}
-        queue = iter(todo)
+    # Each worker opens its own source and destination (see ``forkserver`` for where it
+    # comes from).
+    ctx = worker_context()
+    tasks = batches(todo, workers, max(1, in_flight // workers) if in_flight else MAX_BATCH)
+    with ProcessPoolExecutor(max_workers=min(workers, len(tasks)), mp_context=ctx) as pool:
+        pending: dict[Future, list[int]] = {}
+        queue = iter(tasks)
+        submitted = 0  # episodes in flight
         try:
             while True:
                 # Bounded in flight: memory stays flat whatever the number of episodes.
-                while len(pending) < max(1, in_flight) and (i := next(queue, None)) is not None:
-                    pending[pool.submit(convert_episode, args, i)] = i
+                while (task := next(queue, None)) is not None:
+                    pending[pool.submit(convert_episodes, args, task)] = task
+                    submitted += len(task)
+                    if len(pending) >= 2 * workers or (in_flight and submitted >= in_flight):
+                        break
                 if not pending:
                     break
                 finished, _ = wait(pending, return_when=FIRST_COMPLETED)
                 for fut in finished:
-                    i = pending.pop(fut)
+                    task = pending.pop(fut)
+                    submitted -= len(task)
                     exc = fut.exception()
+                    if isinstance(exc, ConvertError):
+                        raise ConvertError(str(exc)) from exc
                     if exc is not None:
-                        raise ConvertError(f"episode {i}: {exc}") from exc
-                    yield fut.result()
+                        where = (
+                            f"episodes {task[0]}-{task[-1]}" if task[1:] else f"episode {task[0]}"
+                        )
+                        raise ConvertError(f"{where}: {exc}") from exc
+                    yield from fut.result()
         finally:
             for fut in pending:
                 fut.cancel()
 
 
-def _checked(args: JobArgs, episode_index: int) -> ManifestRow:
+def _checked(args: JobArgs, episode_index: int, then: list[int]) -> ManifestRow:
     try:
-        return convert_episode(args, episode_index)
+        return convert_episode(args, episode_index, then)
     except Exception as exc:
         raise ConvertError(f"episode {episode_index}: {exc}") from exc
 

@@ -13,7 +13,8 @@ import os
 import posixpath
 import tarfile
 import tempfile
-from contextlib import nullcontext
+from collections import OrderedDict
+from collections.abc import Sequence
 from typing import BinaryIO
 
 import fsspec
@@ -21,7 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from fsspec.implementations.local import LocalFileSystem
 
-from lerobot_shards.converter.cut import cut_episode
+from lerobot_shards.converter.cut import SourceVideo
 from lerobot_shards.format import (
     CHECKSUM_ALGO,
     EpisodeHeader,
@@ -60,14 +61,63 @@ class _HashingWriter:
         self.size += len(view)
 
 
+class SourceVideos:
+    """The source videos a process has open, by path: a worker cuts episode after episode out
+    of the same few files, so each is opened (and its index parsed) once, not once per episode.
+
+    At most ``max_open`` stay open; the least recently used is closed first.
+    """
+
+    def __init__(self, source: Source, max_open: int = 8) -> None:
+        self.source = source
+        self.max_open = max_open
+        self._open: OrderedDict[str, tuple[SourceVideo, BinaryIO | None]] = OrderedDict()
+
+    def get(self, relative: str, where: str) -> SourceVideo:
+        """The open video at ``relative`` (to the source root), opened now if it is not."""
+        entry = self._open.get(relative)
+        if entry is None:
+            local = self.source.local_path(relative)
+            file = None if local else self.source.open(relative, "rb")
+            try:
+                entry = (SourceVideo(local or file, where), file)
+            except BaseException:
+                if file is not None:
+                    file.close()
+                raise
+            self._open[relative] = entry
+            while len(self._open) > self.max_open:
+                _close(self._open.popitem(last=False)[1])
+        self._open.move_to_end(relative)
+        return entry[0]
+
+    def close(self) -> None:
+        while self._open:
+            _close(self._open.popitem()[1])
+
+
+def _close(entry: tuple[SourceVideo, BinaryIO | None]) -> None:
+    video, file = entry
+    video.close()
+    if file is not None:
+        file.close()
+
+
 def episode_members(
-    source: Source, episode_index: int, tolerance_s: float
+    source: Source,
+    episode_index: int,
+    tolerance_s: float,
+    videos: SourceVideos,
+    then: Sequence[int] = (),
 ) -> tuple[EpisodeHeader, list[tuple[str, bytes]]]:
-    """The episode's header and its members as ``(extension, bytes)``, in tar order."""
+    """The episode's header and its members as ``(extension, bytes)``, in tar order.
+
+    ``then``: the episodes this process converts next (their rows are read along).
+    """
     ep = source.episode(episode_index)
-    rows = source.read_rows(episode_index)
+    rows = source.read_rows(episode_index, then=then)
     timestamps = _timestamps(rows, source, episode_index)
-    videos: list[tuple[str, bytes]] = []
+    members: list[tuple[str, bytes]] = []
     header = EpisodeHeader(
         episode_index=ep.episode_index,
         length=ep.length,
@@ -78,21 +128,18 @@ def episode_members(
     for key in source.video_keys:
         span = ep.videos[key]
         where = f"episode {episode_index} camera {key} ({source.path(span.path)})"
-        local = source.local_path(span.path)
-        with nullcontext(local) if local else source.open(span.path, "rb") as f:
-            cut = cut_episode(
-                f,
-                from_timestamp=span.from_timestamp,
-                timestamps=timestamps,
-                fps=source.fps,
-                tolerance_s=tolerance_s,
-                where=where,
-            )
+        cut = videos.get(span.path, where).cut(
+            from_timestamp=span.from_timestamp,
+            timestamps=timestamps,
+            fps=source.fps,
+            tolerance_s=tolerance_s,
+            where=where,
+        )
         header.cameras[key] = cut.camera
-        videos.append((f"{key}.mp4", cut.data))
+        members.append((f"{key}.mp4", cut.data))
     parquet = io.BytesIO()
     pq.write_table(rows, parquet)
-    return header, [("json", header.to_json()), ("parquet", parquet.getvalue()), *videos]
+    return header, [("json", header.to_json()), ("parquet", parquet.getvalue()), *members]
 
 
 def _timestamps(rows: pa.Table, source: Source, episode_index: int) -> list[float]:
@@ -104,8 +151,11 @@ def _timestamps(rows: pa.Table, source: Source, episode_index: int) -> list[floa
     return [k / source.fps for k in range(rows.num_rows)]
 
 
-def write_tar(file: BinaryIO, key: str, members: list[tuple[str, bytes]]) -> str:
-    """Write the members as one WebDataset sample; returns the checksum of what was written.
+def write_tar(
+    file: BinaryIO, key: str, members: list[tuple[str, bytes]]
+) -> tuple[str, list[Member]]:
+    """Write the members as one WebDataset sample; returns the checksum of what was written
+    and each member's data span (offsets from the start of ``file``'s writes).
 
     Python's tarfile rather than webdataset's TarWriter, for two reasons: TarWriter sorts a
     sample's extensions (the mp4s would land before the parquet, against the contract's order),
@@ -114,6 +164,7 @@ def write_tar(file: BinaryIO, key: str, members: list[tuple[str, bytes]]) -> str
     is the same plain tar a TarWriter writes (same header fields).
     """
     out = _HashingWriter(file)
+    spans = []
     for ext, data in members:
         info = tarfile.TarInfo(f"{key}.{ext}")
         info.size = len(data)
@@ -121,18 +172,13 @@ def write_tar(file: BinaryIO, key: str, members: list[tuple[str, bytes]]) -> str
         info.mode = 0o444
         info.uname = info.gname = "bigdata"
         out.write(info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape"))
+        spans.append(Member(info.name, out.size, len(data)))
         out.write(data)
         out.write(bytes(-len(data) % tarfile.BLOCKSIZE))
     # End of archive: two zero blocks, padded to a whole record as tar tools expect.
     end = 2 * tarfile.BLOCKSIZE
     out.write(bytes(end + (-(out.size + end) % tarfile.RECORDSIZE)))
-    return f"{CHECKSUM_ALGO}:{out.hash.hexdigest()}"
-
-
-def member_spans(file: BinaryIO) -> list[Member]:
-    """Each member's data offset and size, read back from the tar headers."""
-    with tarfile.open(fileobj=file, mode="r:") as tar:
-        return [Member(m.name, m.offset_data, m.size) for m in tar.getmembers()]
+    return f"{CHECKSUM_ALGO}:{out.hash.hexdigest()}", spans
 
 
 def write_episode_shard(
@@ -141,9 +187,12 @@ def write_episode_shard(
     fs: fsspec.AbstractFileSystem,
     root: str,
     tolerance_s: float,
+    videos: SourceVideos,
+    then: Sequence[int] = (),
 ) -> ManifestRow:
-    """Convert one episode into ``root/shards/CCC/episode-EEEEEE.tar`` and return its row."""
-    header, members = episode_members(source, episode_index, tolerance_s)
+    """Convert one episode into ``root/shards/CCC/episode-EEEEEE.tar`` and return its row
+    (``then``: see ``episode_members``)."""
+    header, members = episode_members(source, episode_index, tolerance_s, videos, then)
     relative = shard_path(episode_index)
     final = join(root, relative)
     local = isinstance(fs, LocalFileSystem)
@@ -154,11 +203,9 @@ def write_episode_shard(
         prefix=f".{episode_key(episode_index)}.", suffix=TMP_SUFFIX, dir=tmp_dir
     )
     try:
-        with os.fdopen(fd, "w+b") as f:
-            digest = write_tar(f, episode_key(episode_index), members)
+        with os.fdopen(fd, "wb") as f:
+            digest, spans = write_tar(f, episode_key(episode_index), members)
             size = f.tell()
-            f.seek(0)
-            spans = member_spans(f)
         if local:
             os.replace(tmp, final)
         else:

@@ -7,9 +7,13 @@ decodes video: this is what the converter needs to cut episodes out of the sourc
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import json
 import posixpath
 from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,7 +80,7 @@ class Source:
     episodes: list[EpisodeInfo]
     total_frames: int
 
-    _FOOTER_CACHE_SIZE = 16
+    _ROW_GROUP_INDEXES = 16
 
     def __init__(
         self, root: str, fs: fsspec.AbstractFileSystem, fs_root: str, info: dict[str, Any]
@@ -91,9 +95,10 @@ class Source:
         self.video_keys = [k for k, f in self.features.items() if f.get("dtype") == "video"]
         self.image_keys = [k for k, f in self.features.items() if f.get("dtype") == "image"]
         self.camera_keys = [*self.video_keys, *self.image_keys]
-        # Parquet footers of data files, so reading episode after episode from one big v3.0
-        # file does not re-fetch its footer each time (plain data: survives pickling).
-        self._footers: OrderedDict[str, pq.FileMetaData] = OrderedDict()
+        # Footers and row-group indexes of data files, so reading episode after episode from
+        # one big v3.0 file reads its footer once (plain data: survives pickling).
+        self._row_groups: OrderedDict[str, _RowGroupIndex] = OrderedDict()
+        self._last_rows: tuple[str, set[int] | None, pa.Table, np.ndarray | None] | None = None
         if self.codebase_version == "v3.0":
             self.tasks = self._tasks_v30()
             self.episodes = self._episodes_v30()
@@ -142,20 +147,24 @@ class Source:
         except ValueError as exc:
             raise SourceError(f"{self.path(relative)}: not valid JSON lines: {exc}") from exc
 
-    def _read_parquet(self, full: str, columns: list[str] | None = None) -> pa.Table:
-        """A whole (small, metadata) parquet file, by its full path on ``self.fs``."""
+    def _read_parquet(
+        self, full: str, columns: list[str] | None = None, what: str = "file"
+    ) -> pa.Table:
+        """A whole (small, metadata) parquet file, by its full path on ``self.fs``; ``columns``
+        must all be there (``what`` names the file in that error).
+
+        Through ``ParquetFile``, not ``pq.read_table``, whose dataset machinery imports pandas
+        (a third of a second at every start of the converter and of each of its workers).
+        """
         try:
             with self.fs.open(full, "rb") as f:
-                return pq.read_table(f, columns=columns)
+                pf = pq.ParquetFile(f)
+                missing = [c for c in columns or () if c not in pf.schema_arrow.names]
+                if missing:
+                    raise SourceError(f"{full}: {what} lacks columns {missing}")
+                return pf.read(columns=columns)
         except FileNotFoundError as exc:
             raise SourceError(f"{full}: file not found") from exc
-        except (pa.ArrowInvalid, OSError) as exc:
-            raise SourceError(f"{full}: not a readable parquet file: {exc}") from exc
-
-    def _read_parquet_schema(self, full: str) -> pa.Schema:
-        try:
-            with self.fs.open(full, "rb") as f:
-                return pq.read_schema(f)
         except (pa.ArrowInvalid, OSError) as exc:
             raise SourceError(f"{full}: not a readable parquet file: {exc}") from exc
 
@@ -171,25 +180,29 @@ class Source:
                 f"(the dataset has {len(self.episodes)} episodes)"
             ) from None
 
-    def read_rows(self, episode_index: int) -> pa.Table:
-        """The episode's rows with the source's exact Arrow schema (reads one row group in v3.0)."""
+    def read_rows(self, episode_index: int, *, then: Sequence[int] = ()) -> pa.Table:
+        """The episode's rows with the source's exact Arrow schema.
+
+        v3.0 reads only the row groups whose statistics can hold the episode (LeRobot writes one
+        per episode). ``then`` names the episodes to be read next: those whose row groups follow
+        on in the same file are read along (up to ``READ_AHEAD_BYTES`` uncompressed), so reading
+        a file's episodes in order costs one read per many episodes, not one each. The row
+        groups last read stay in memory, and where they are sorted by episode each episode's
+        rows are found by binary search.
+        """
         ep = self.episode(episode_index)
         where = f"{self.path(ep.data_path)} (episode {ep.episode_index})"
         try:
-            with self.open(ep.data_path, "rb") as f:
-                pf = pq.ParquetFile(f, metadata=self._footers.get(ep.data_path))
-                self._remember_footer(ep.data_path, pf.metadata)
-                if self.codebase_version == "v3.0":
-                    table = self._episode_row_groups(pf, ep.episode_index)
-                else:
-                    table = pf.read()
+            table, sorted_episodes = self._read_row_groups(ep, then)
         except FileNotFoundError as exc:
             raise SourceError(f"{where}: data file not found") from exc
         except (pa.ArrowInvalid, OSError) as exc:
             raise SourceError(f"{where}: not a readable parquet file: {exc}") from exc
         if "episode_index" in table.column_names and self.codebase_version == "v3.0":
-            mask = pc.equal(table.column("episode_index"), ep.episode_index)
-            table = table.filter(mask)
+            if sorted_episodes is not None:
+                lo, hi = np.searchsorted(sorted_episodes, [ep.episode_index, ep.episode_index + 1])
+                table = table.slice(lo, hi - lo)
+            table = table.filter(pc.equal(table.column("episode_index"), ep.episode_index))
         if table.num_rows != ep.length:
             raise SourceError(
                 f"{where}: holds {table.num_rows} rows for the episode, "
@@ -197,27 +210,62 @@ class Source:
             )
         return table
 
-    def _remember_footer(self, relative: str, metadata: pq.FileMetaData) -> None:
-        self._footers[relative] = metadata
-        self._footers.move_to_end(relative)
-        while len(self._footers) > self._FOOTER_CACHE_SIZE:
-            self._footers.popitem(last=False)
+    def _read_row_groups(
+        self, ep: EpisodeInfo, then: Sequence[int]
+    ) -> tuple[pa.Table, np.ndarray | None]:
+        """Row groups of ``ep``'s data file that hold it (v2.1: the whole file), and their
+        episode_index column if it is sorted; from memory if the last ones read hold them."""
+        groups = index = None
+        if self.codebase_version == "v3.0":
+            index = self._row_group_index(ep.data_path)
+            groups = index.groups(ep.episode_index)
+        last = self._last_rows
+        if last is not None and last[0] == ep.data_path:
+            held = last[1]
+            if (held is None) if groups is None else (held is not None and held >= set(groups)):
+                return last[2], last[3]
+        read = groups
+        if index is not None and groups and then:
+            following = (self.episode(i) for i in then)
+            read = index.ahead(
+                groups,
+                (index.groups(e.episode_index) for e in following if e.data_path == ep.data_path),
+            )
+        with self.open(ep.data_path, "rb") as f:
+            pf = pq.ParquetFile(f, metadata=index.metadata if index else None)
+            table = pf.read() if read is None else pf.read_row_groups(read)
+        sorted_episodes = None
+        if read is not None and "episode_index" in table.column_names:
+            column = table.column("episode_index").to_numpy()
+            if column.dtype.kind == "i" and bool(np.all(column[:-1] <= column[1:])):
+                sorted_episodes = column
+        if sorted_episodes is None and read != groups:
+            # Not sorted: each episode would scan the whole read-ahead; read just its own.
+            return self._read_row_groups(ep, ())
+        self._last_rows = (
+            ep.data_path,
+            None if read is None else set(read),
+            table,
+            sorted_episodes,
+        )
+        return table, sorted_episodes
 
-    @staticmethod
-    def _episode_row_groups(pf: pq.ParquetFile, episode_index: int) -> pa.Table:
-        """Read only the row groups whose episode_index statistics can hold the episode."""
-        meta = pf.metadata
-        # Parquet leaf columns, not Arrow fields: nested columns (images, vectors) add leaves.
-        leaves = [meta.schema.column(i).path for i in range(meta.num_columns)]
-        if "episode_index" not in leaves:
-            return pf.read()
-        col = leaves.index("episode_index")
-        groups = []
-        for g in range(meta.num_row_groups):
-            st = meta.row_group(g).column(col).statistics
-            if st is None or not st.has_min_max or st.min <= episode_index <= st.max:
-                groups.append(g)
-        return pf.read_row_groups(groups)
+    def _row_group_index(self, relative: str) -> _RowGroupIndex:
+        """The footer and row-group index of a data file, read once (the last few are kept)."""
+        index = self._row_groups.get(relative)
+        if index is None:
+            with self.open(relative, "rb") as f:
+                index = _RowGroupIndex(pq.ParquetFile(f).metadata)
+            self._row_groups[relative] = index
+            while len(self._row_groups) > self._ROW_GROUP_INDEXES:
+                self._row_groups.popitem(last=False)
+        self._row_groups.move_to_end(relative)
+        return index
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_last_rows"] = None  # rows in memory are a cache, not worth pickling
+        return state
 
     # ---------------------------------------------------------------- v3.0
 
@@ -244,29 +292,35 @@ class Source:
         wanted += ["data/chunk_index", "data/file_index"]
         for key in self.video_keys:
             wanted += [f"videos/{key}/{c}" for c in _VIDEO_COLUMNS]
-        tables = []
-        for full in files:
-            names = self._read_parquet_schema(full).names
-            missing = [c for c in wanted if c not in names]
-            if missing:
-                raise SourceError(f"{full}: episode table lacks columns {missing}")
-            # Only the columns we need: the stats/... columns are most of the bytes.
-            tables.append(self._read_parquet(full, columns=wanted))
+        # Only the columns we need: the stats/... columns are most of the bytes. The files are
+        # read concurrently (pyarrow reads without the GIL; an object store answers in parallel).
+        with ThreadPoolExecutor(min(16, len(files))) as pool:
+            tables = list(pool.map(lambda f: self._read_parquet(f, wanted, "episode table"), files))
         rows = pa.concat_tables(tables).sort_by("episode_index").to_pydict()
         data_tpl = self.info["data_path"]
         video_tpl = self.info.get("video_path")
+        paths: dict[tuple, str] = {}  # episodes share files: format each path once
+
+        def path(template: str, **fields: Any) -> str:
+            key = (template, *fields.values())
+            if key not in paths:
+                paths[key] = template.format(**fields)
+            return paths[key]
+
         episodes = []
         for i, ep_idx in enumerate(rows["episode_index"]):
             videos = {}
             for key in self.video_keys:
                 col = f"videos/{key}/"
-                path = video_tpl.format(
-                    video_key=key,
-                    chunk_index=rows[col + "chunk_index"][i],
-                    file_index=rows[col + "file_index"][i],
-                )
                 videos[key] = VideoSpan(
-                    path, rows[col + "from_timestamp"][i], rows[col + "to_timestamp"][i]
+                    path(
+                        video_tpl,
+                        video_key=key,
+                        chunk_index=rows[col + "chunk_index"][i],
+                        file_index=rows[col + "file_index"][i],
+                    ),
+                    rows[col + "from_timestamp"][i],
+                    rows[col + "to_timestamp"][i],
                 )
             ep = EpisodeInfo(
                 episode_index=ep_idx,
@@ -274,8 +328,10 @@ class Source:
                 dataset_from_index=rows["dataset_from_index"][i],
                 dataset_to_index=rows["dataset_to_index"][i],
                 tasks=list(rows["tasks"][i]),
-                data_path=data_tpl.format(
-                    chunk_index=rows["data/chunk_index"][i], file_index=rows["data/file_index"][i]
+                data_path=path(
+                    data_tpl,
+                    chunk_index=rows["data/chunk_index"][i],
+                    file_index=rows["data/file_index"][i],
                 ),
                 videos=videos,
             )
@@ -336,6 +392,70 @@ class Source:
 
 
 _VIDEO_COLUMNS = ("chunk_index", "file_index", "from_timestamp", "to_timestamp")
+READ_AHEAD_BYTES = 64 << 20
+"""Most uncompressed row-group bytes ``read_rows`` reads along for the episodes that follow."""
+
+
+class _RowGroupIndex:
+    """Which row groups of a v3.0 data file can hold an episode, from the min/max statistics
+    of their episode_index column: found by binary search, so reading every episode of a file
+    with a hundred thousand row groups does not scan them all for each."""
+
+    def __init__(self, metadata: pq.FileMetaData) -> None:
+        self.metadata = metadata
+        # Parquet leaf columns, not Arrow fields: nested columns (images, vectors) add leaves.
+        leaves = [metadata.schema.column(i).path for i in range(metadata.num_columns)]
+        self.indexed = "episode_index" in leaves
+        self.unknown: list[int] = []  # row groups without statistics: they may hold anything
+        bounds = []
+        if self.indexed:
+            col = leaves.index("episode_index")
+            for g in range(metadata.num_row_groups):
+                st = metadata.row_group(g).column(col).statistics
+                if st is None or not st.has_min_max:
+                    self.unknown.append(g)
+                else:
+                    bounds.append((st.min, st.max, g))
+        bounds.sort()
+        self.mins = [b[0] for b in bounds]
+        self.maxs = [b[1] for b in bounds]
+        self.ids = [b[2] for b in bounds]
+        self.reach = list(itertools.accumulate(self.maxs, max))
+        """Largest max among the row groups up to each (sorted by min): scanning back stops
+        once it is below the episode."""
+
+    def groups(self, episode_index: int) -> list[int] | None:
+        """The row groups that can hold the episode, ascending; None: the file has no
+        episode_index column (read all of it)."""
+        if not self.indexed:
+            return None
+        found = list(self.unknown)
+        k = bisect.bisect_right(self.mins, episode_index) - 1
+        while k >= 0 and self.reach[k] >= episode_index:
+            if self.maxs[k] >= episode_index:
+                found.append(self.ids[k])
+            k -= 1
+        return sorted(found)
+
+    def ahead(self, groups: list[int], following: Iterable[list[int] | None]) -> list[int]:
+        """``groups`` and, while they go on contiguously and within ``READ_AHEAD_BYTES``, the
+        row groups of the ``following`` episodes (``groups`` alone unless contiguous)."""
+        if groups != list(range(groups[0], groups[-1] + 1)):
+            return groups
+        meta = self.metadata
+        total = sum(meta.row_group(g).total_byte_size for g in groups)
+        end = groups[-1] + 1
+        for more in following:
+            if not more or more[0] > end or more[-1] < end - 1:
+                break
+            if more != list(range(more[0], more[-1] + 1)):
+                break
+            extra = sum(meta.row_group(g).total_byte_size for g in range(end, more[-1] + 1))
+            if total + extra > READ_AHEAD_BYTES:
+                break
+            total += extra
+            end = max(end, more[-1] + 1)
+        return list(range(groups[0], end))
 
 
 def _tasks_by_index(indices: list[int], tasks: list[str], where: str) -> list[str]:
