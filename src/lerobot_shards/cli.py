@@ -70,8 +70,8 @@ def main() -> None:
 @click.option(
     "--max-in-flight",
     type=click.IntRange(min=1),
-    help="Episodes submitted and not yet collected (default: twice the workers, or with Ray "
-    "twice the cluster's CPUs).",
+    help="Episodes submitted and not yet collected (default: two tasks of up to 64 consecutive "
+    "episodes per worker, or with Ray twice the cluster's CPUs).",
 )
 def convert(
     source: str, dest: str, episodes: str | None, workers: int | None, overwrite: bool,
@@ -83,6 +83,10 @@ def convert(
     """
     if ray_address is not None and executor != "ray":
         raise click.UsageError("--ray-address needs --executor ray")
+    if executor == "local" and workers not in (0, 1):
+        from lerobot_shards.converter.forkserver import start_early
+
+        start_early()  # the workers' imports overlap the driver's
     from lerobot_shards.converter.run import ConvertError
     from lerobot_shards.converter.run import convert as run_convert
     from lerobot_shards.source import SourceError
