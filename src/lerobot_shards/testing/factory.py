@@ -354,12 +354,23 @@ class _DataFiles:
 
 
 class _VideoFiles:
-    """videos/<camera>/chunk-XXX/file-XXX.mp4: episodes appended by stream copy, size rollover."""
+    """videos/<camera>/chunk-XXX/file-XXX.mp4: episodes appended by stream copy, size rollover.
+
+    Appended episodes wait in ``pending`` and go into the file in one pass when it is closed or
+    its exact size is needed (the same file: each input starts where the one before ends):
+    rewriting the file for every episode, as LeRobot does, made a dataset of thousands of
+    episodes take hours. The file's size is at most its size on disk
+    plus the pending episodes' files (which each carry their own headers), so whenever that
+    bound is under the limit LeRobot's rollover rule cannot fire, and near it the file is
+    written and measured.
+    """
 
     def __init__(self, spec: _Spec, key: str) -> None:
         self.spec, self.key = spec, key
         self.chunk = self.file = 0
         self.to_timestamp: float | None = None  # None until the first episode is in
+        self.pending: list[Path] = []
+        self.pending_bytes = 0
 
     def path(self) -> Path:
         return self.spec.root / V30_VIDEO_PATH.format(
@@ -368,7 +379,12 @@ class _VideoFiles:
 
     def add(self, episode_mp4: Path) -> dict[str, Any]:
         duration = vid.duration_s(episode_mp4)
-        size = os.path.getsize(episode_mp4) / MB
+        nbytes = os.path.getsize(episode_mp4)
+        size = nbytes / MB
+        if self.to_timestamp is not None:
+            bound = (os.path.getsize(self.path()) + self.pending_bytes) / MB
+            if bound + size >= self.spec.video_mb:
+                self.flush()
         if self.to_timestamp is None:
             start = 0.0
             self.path().parent.mkdir(parents=True, exist_ok=True)
@@ -380,8 +396,8 @@ class _VideoFiles:
             shutil.move(episode_mp4, self.path())
         else:
             start = self.to_timestamp
-            vid.append_stream_copy(self.path(), episode_mp4)
-            episode_mp4.unlink()
+            self.pending.append(episode_mp4)
+            self.pending_bytes += nbytes
         self.to_timestamp = start + duration  # LeRobot's accumulated float sum
         prefix = f"videos/{self.key}"
         return {
@@ -390,6 +406,14 @@ class _VideoFiles:
             f"{prefix}/from_timestamp": start,
             f"{prefix}/to_timestamp": self.to_timestamp,
         }
+
+    def flush(self) -> None:
+        """Write the pending episodes into the current file."""
+        if self.pending:
+            vid.concatenate([self.path(), *self.pending], self.path())
+            for episode_mp4 in self.pending:
+                episode_mp4.unlink()
+        self.pending, self.pending_bytes = [], 0
 
 
 class _EpisodeFiles:
@@ -515,6 +539,8 @@ def _write_v30(spec: _Spec, scratch: Path) -> None:
         )
     data.close()
     episodes.close()
+    for files in videos.values():
+        files.flush()
     for key in videos:
         first = spec.root / V30_VIDEO_PATH.format(video_key=key, chunk_index=0, file_index=0)
         features[key]["info"] = {
@@ -527,7 +553,7 @@ def _write_v30(spec: _Spec, scratch: Path) -> None:
             "video.extra_options": {},
             "is_depth_map": False,
         }
-    _write_tasks_parquet(spec)
+    write_tasks_parquet(spec.root, spec.task_index)
     _write_json(spec.root / "meta/stats.json", {k: st.to_lists(v) for k, v in total.items()})
     _write_json(
         spec.root / "meta/info.json",
@@ -549,9 +575,10 @@ def _write_v30(spec: _Spec, scratch: Path) -> None:
     )
 
 
-def _write_tasks_parquet(spec: _Spec) -> None:
-    """meta/tasks.parquet as ``DataFrame.to_parquet`` writes it: task strings as the index."""
-    tasks = sorted(spec.task_index, key=spec.task_index.__getitem__)
+def write_tasks_parquet(root: Path, task_index: Mapping[str, int]) -> None:
+    """meta/tasks.parquet as pandas 2's ``DataFrame.to_parquet`` (LeRobot 0.6.1's) writes it:
+    task strings as the index."""
+    tasks = sorted(task_index, key=task_index.__getitem__)
     pandas_meta = {
         "index_columns": ["task"],
         "column_indexes": [
@@ -588,10 +615,10 @@ def _write_tasks_parquet(spec: _Spec) -> None:
         metadata={"pandas": json.dumps(pandas_meta)},
     )
     table = pa.table(
-        [pa.array([spec.task_index[t] for t in tasks], pa.int64()), pa.array(tasks, pa.string())],
+        [pa.array([task_index[t] for t in tasks], pa.int64()), pa.array(tasks, pa.string())],
         schema=schema,
     )
-    pq.write_table(table, spec.root / "meta/tasks.parquet", compression="snappy")
+    pq.write_table(table, root / "meta/tasks.parquet", compression="snappy")
 
 
 # ----------------------------------------------------------------------------- v2.1

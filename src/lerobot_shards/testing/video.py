@@ -2,15 +2,15 @@
 
 Each episode is encoded on its own (libsvtav1, yuv420p, GOP 2, crf 30, preset 12) to an mp4;
 LeRobot then moves it into place as a new file or concatenates it onto the camera's current file
-without re-encoding. Appending here remuxes the packets with their timestamps shifted by the
-current file's duration, so the decoded pixels of an episode are identical wherever it lands.
+without re-encoding (``concatenate``, which its ``aggregate_datasets`` uses on whole files too),
+so the decoded pixels of an episode are identical wherever it lands.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
-from fractions import Fraction
+import tempfile
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import av
@@ -61,37 +61,31 @@ def duration_s(path: Path) -> float:
         return float(container.duration / av.time_base)
 
 
-def append_stream_copy(dest: Path, episode: Path) -> None:
-    """Append ``episode``'s packets to the mp4 ``dest`` by remuxing (no decode, no re-encode).
+def concatenate(inputs: Sequence[Path], output: Path) -> None:
+    """LeRobot's ``concatenate_video_files``: the ``inputs`` one after the other by FFmpeg's
+    concat demuxer, every packet stream-copied (time base kept), ``movflags=faststart``.
 
-    The result is written next to ``dest`` and renamed over it, so a crash leaves ``dest`` whole.
+    Each input starts where the one before ends (its duration), so appending episodes one at a
+    time, as LeRobot does, or all at once gives the same timestamps. The result is written
+    aside and moved over ``output`` (which may be an input), so a crash leaves it whole.
     """
-    tmp = dest.with_name(dest.name + ".tmp.mp4")
-    with (
-        av.open(str(dest)) as first,
-        av.open(str(episode)) as second,
-        av.open(str(tmp), "w") as out,
-    ):
-        in_first = first.streams.video[0]
-        in_second = second.streams.video[0]
-        if in_first.codec_context.name != in_second.codec_context.name or (
-            in_first.width,
-            in_first.height,
-        ) != (in_second.width, in_second.height):
-            raise ValueError(f"cannot stream-copy {episode} onto {dest}: codec or size differ")
-        stream = out.add_stream_from_template(in_first, opaque=True)
-        end = Fraction(0)
-        for container, source in ((first, in_first), (second, in_second)):
-            offset = end
-            for packet in container.demux(source):
-                if packet.pts is None:  # the demuxer's final empty flush packet
+    with tempfile.TemporaryDirectory(dir=output.parent, prefix=".concat-") as scratch:
+        listing = Path(scratch) / "inputs.ffconcat"
+        lines = ["ffconcat version 1.0", *(f"file '{Path(p).resolve()}'" for p in inputs)]
+        listing.write_text("\n".join(lines) + "\n")
+        tmp = Path(scratch) / "out.mp4"
+        with (
+            av.open(str(listing), "r", format="concat", options={"safe": "0"}) as src,
+            av.open(str(tmp), "w", options={"movflags": "faststart"}) as out,
+        ):
+            streams = {}
+            for stream in src.streams:
+                if stream.type in ("video", "audio", "subtitle"):
+                    streams[stream.index] = out.add_stream_from_template(stream, opaque=True)
+                    streams[stream.index].time_base = stream.time_base
+            for packet in src.demux():
+                if packet.stream.index not in streams or packet.dts is None:
                     continue
-                tb = packet.time_base
-                shift = round(offset / tb)
-                packet.pts += shift
-                if packet.dts is not None:
-                    packet.dts += shift
-                end = max(end, (packet.pts + (packet.duration or 0)) * tb)
-                packet.stream = stream
+                packet.stream = streams[packet.stream.index]
                 out.mux(packet)
-    os.replace(tmp, dest)
+        os.replace(tmp, output)
