@@ -54,13 +54,14 @@ def cached_dataset(
     cameras: Mapping[str, tuple[int, int]],
     fps: int,
     content: str = "realistic",
+    data_files_size_in_mb: float = 100,
     video_files_size_in_mb: float = 200,
     video_variants: int | None = None,
 ) -> Path:
     """A LeRobot v3.0 dataset from the test factory at ``cache/name``, generated on first use.
 
-    Video is encoded as LeRobot encodes it (AV1, GOP 2, crf 30); the file-size limits are
-    LeRobot's defaults, so episodes share large video files as in a real recording.
+    Video is encoded as LeRobot encodes it (AV1, GOP 2, crf 30); the file-size limits default
+    to LeRobot's, so episodes share large video files as in a real recording.
     ``video_variants``: see ``make_dataset`` (equal-length episodes share encodings).
     """
     from lerobot_shards.testing.factory import make_dataset
@@ -83,7 +84,7 @@ def cached_dataset(
         cameras=cameras,
         fps=fps,
         content=content,
-        data_files_size_in_mb=100,
+        data_files_size_in_mb=data_files_size_in_mb,
         video_files_size_in_mb=video_files_size_in_mb,
         video_variants=video_variants,
     )
