@@ -7,6 +7,7 @@ import json
 import multiprocessing
 import re
 import shutil
+import warnings
 from pathlib import Path
 
 import fsspec
@@ -15,7 +16,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from lerobot_shards import ShardedLeRobotDataset
+from lerobot_shards import ShardedLeRobotDataset, UncheckedStateWarning
 from lerobot_shards.format import (
     MANIFEST_FILE,
     checksum,
@@ -376,6 +377,41 @@ def test_resume_direct(av1):
     # The next iteration after a resumed one is the next epoch, whole.
     ds.set_epoch(1)
     assert sorted(indices(ds)) == list(range(FRAMES))
+
+
+def test_bad_settings_are_refused_at_construction(av1):
+    with pytest.raises(ValueError, match="seed must be non-negative, got -1"):
+        ShardedLeRobotDataset(av1, seed=-1)
+    with pytest.raises(ValueError, match="episodes selects no episode of .*av1_multifile"):
+        ShardedLeRobotDataset(av1, episodes=[])
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_state_past_the_end_of_its_epoch_is_refused(av1, num_workers):
+    ds = ShardedLeRobotDataset(av1, episodes=[0, 2])  # 42 frames: even, no padding
+    ds.num_workers = num_workers
+    ds.load_state_dict({"epoch": 3, "offset": 42, "batch_size": 1})  # the whole epoch taken
+    assert flat_indices(DataLoader(ds, batch_size=None, num_workers=num_workers)) == []
+    with pytest.raises(ValueError, match="offset 43 is past the end of epoch 3, which holds 42"):
+        ds.load_state_dict({"epoch": 3, "offset": 43, "batch_size": 1})
+    # With repeat the stream runs on into the next epochs: the offset may pass the epoch's end.
+    endless = ShardedLeRobotDataset(av1, episodes=[0, 2], repeat=True)
+    endless.load_state_dict({"epoch": 3, "offset": 43, "batch_size": 1})
+
+
+def test_state_without_fingerprint_warns(av1):
+    ds = ShardedLeRobotDataset(av1)
+    with pytest.warns(UncheckedStateWarning, match="no manifest fingerprint"):
+        ds.load_state_dict({"epoch": 0, "offset": 10, "batch_size": 1})
+    other = ShardedLeRobotDataset(av1, episodes=[0, 1])
+    it = iter(other)
+    next(it)
+    state = other.state_dict()
+    with pytest.raises(ValueError, match="taken on another dataset"):
+        ds.load_state_dict(state)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a state with its fingerprint loads without a word
+        other.load_state_dict(state)
 
 
 def test_resume_from_state_dict_mid_epoch(av1):

@@ -9,6 +9,7 @@ _LAZY = {
     "ShardedDataLoader": "lerobot_shards.reader.loader",
     "collate": "lerobot_shards.reader.collate",
     "SmallPoolWarning": "lerobot_shards.reader.pool_budget",
+    "UncheckedStateWarning": "lerobot_shards.reader.state",
 }
 
 

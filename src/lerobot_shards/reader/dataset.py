@@ -153,6 +153,8 @@ class ShardedLeRobotDataset(IterableDataset):
         else:
             self.meta = members[0].meta
         self.shuffle = shuffle
+        if int(seed) < 0:  # numpy's generators would refuse it only at the first iteration
+            raise ValueError(f"seed must be non-negative, got {seed}")
         self.seed = int(seed)
         self.buffer_size = int(buffer_size)
         self.byte_budget = None if byte_budget_gb is None else int(byte_budget_gb * GB)
@@ -301,7 +303,9 @@ class ShardedLeRobotDataset(IterableDataset):
         settings resumes elastically: the rest of its epoch, split over this layout.
         """
         where = f"{self.root} (with {self.num_episodes} selected episodes)"
-        self._position.load(state, self._context(), self.fingerprint, self._planner, where)
+        ctx = self._context()
+        first = part_index(self._layout()[0], ctx.world_size, 0, ctx.workers)[0]
+        self._position.load(state, ctx, self.fingerprint, self._planner, where, first)
 
     # ------------------------------------------------------------------ iteration
 

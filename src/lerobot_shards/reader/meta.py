@@ -273,6 +273,9 @@ class Selection:
             rows = np.arange(len(present))
         else:
             wanted = np.unique(np.asarray(list(episodes), dtype=np.int64))
+            if not len(wanted):
+                # An empty epoch would only show as a training loop that never steps.
+                raise ValueError(f"episodes selects no episode of {root}: give None for all")
             rows = np.minimum(np.searchsorted(present, wanted), max(len(present) - 1, 0))
             missing = wanted[(len(present) == 0) | (present[rows] != wanted)]
             if len(missing):

@@ -50,7 +50,9 @@ The state format: a plain dict (JSON-serialisable).
 - ``worker_id``, ``role``: only in a StatefulDataLoader worker's own state.
 
 A state of only ``{"epoch", "offset", "batch_size"}`` (the first format) resumes as before,
-assuming the current layout and settings. A full state whose layout and settings match the
+assuming the current layout and settings; having no fingerprint, it warns
+(``UncheckedStateWarning``) that nothing checks its dataset. Without ``repeat``, any state whose
+offset is past the end of its epoch is refused. A full state whose layout and settings match the
 current ones resumes the very same stream. Otherwise (another world size, another number of
 DataLoader workers, another seed, pool size, budget, padding or repeat) the resume is elastic
 (``elastic.py``): the frames the checkpoint consumed are found by replaying the old layout's
@@ -62,6 +64,7 @@ workers ``ds.num_workers`` says) and checked against the workers when they start
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -169,6 +172,11 @@ def checkpoint_of(state: Mapping[str, Any]) -> Checkpoint:
         )
     except KeyError as exc:
         raise ValueError(f"this state lacks {exc.args[0]!r}: {dict(state)}") from None
+
+
+class UncheckedStateWarning(UserWarning):
+    """A state without a manifest fingerprint was loaded: nothing checks it belongs to the
+    dataset (hand-written ``{"epoch", "offset", "batch_size"}`` states have none)."""
 
 
 @dataclass(frozen=True)
@@ -282,14 +290,24 @@ class Position:
         fingerprint: str,
         planner: Planner,
         where: str,
+        first_part: int,
     ) -> None:
         """Make the next iteration start where ``state`` says (``ds.load_state_dict``), for the
-        dataset ``where`` whose manifest rows have ``fingerprint``."""
+        dataset ``where`` whose manifest rows have ``fingerprint``; ``first_part`` is this
+        rank's first part (its DataLoader worker 0's)."""
         epoch, offset = int(state["epoch"]), int(state["offset"])
         if offset < 0 or epoch < 0:
             raise ValueError(f"a state needs a non-negative epoch and offset, got {dict(state)}")
         theirs = state.get("fingerprint")
-        if theirs is not None and theirs != fingerprint:
+        if theirs is None:
+            warnings.warn(
+                f"this state has no manifest fingerprint, so nothing checks that it was taken on "
+                f"{where}: resume only on the dataset and episode selection it was taken on "
+                "(ds.state_dict() records the fingerprint)",
+                UncheckedStateWarning,
+                stacklevel=3,
+            )
+        elif theirs != fingerprint:
             raise ValueError(
                 f"this state was taken on another dataset: its manifest fingerprint is {theirs}, "
                 f"{where} has {fingerprint}; resume on the dataset and episode selection the "
@@ -321,9 +339,38 @@ class Position:
                 self.next_origin = checkpoint
             if not worker_state:
                 self.check_workers = ctx.workers
+        self._check_offset(state, ctx, planner, first_part, where)
         self.current, self.current_origin = self.next, self.next_origin
         self.pending = True
         self.cursor = None
+
+    def _check_offset(
+        self,
+        state: Mapping[str, Any],
+        ctx: Context,
+        planner: Planner,
+        first_part: int,
+        where: str,
+    ) -> None:
+        """Refuse an offset past the end of its epoch (without ``repeat``): it would resume
+        into an iteration that yields nothing, with no sign why."""
+        if ctx.ordering.repeat:
+            return
+        epoch, offset = self.next
+        num_parts = ctx.world_size * ctx.workers
+        roles = [int(state["role"])] if self.worker_state else range(ctx.workers)
+        samples = sum(
+            planner.locate(self.next_origin, epoch, ctx.ordering, num_parts, first_part + r, 0)[
+                0
+            ].num_samples
+            for r in roles
+        )
+        if offset > samples:
+            raise ValueError(
+                f"this state's offset {offset} is past the end of epoch {epoch}, which holds "
+                f"{samples} samples for this rank of {where}: was it taken on another dataset, "
+                "selection or layout?"
+            )
 
     def start(
         self, ctx: Context, planner: Planner, first_part: int, num_workers: int
