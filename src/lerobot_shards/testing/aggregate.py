@@ -31,7 +31,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import av
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -156,7 +155,7 @@ class _State:
         for src_file in _pairs(episodes, f"videos/{key}/"):
             src_path = src / _video_path(key, src_file)
             dst_path = self.root / _video_path(key, (chunk, file))
-            duration = _duration_s(src_path)
+            duration = vid.duration_s(src_path)  # LeRobot's get_video_duration_in_s
             if not dst_path.exists():
                 dst_path.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy(src_path, dst_path)
@@ -319,15 +318,6 @@ def _append_parquet(
         for start, stop in itertools.pairwise(starts):
             writer.write_table(table.slice(start, stop - start))
     return at
-
-
-def _duration_s(path: Path) -> float:
-    """LeRobot's ``get_video_duration_in_s``."""
-    with av.open(str(path)) as container:
-        stream = container.streams.video[0]
-        if stream.duration is not None:
-            return float(stream.duration * stream.time_base)
-        return float(container.duration / av.time_base)
 
 
 def _finish(
