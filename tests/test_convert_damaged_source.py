@@ -106,3 +106,17 @@ def test_damage_past_the_first_frame_is_left_to_verify_deep(source: Path, tmp_pa
     problems = verify_dataset(str(dest), deep=True)
     assert [p.episode_index for p in problems] == [episode]
     assert CAMERA in str(problems[0])
+
+
+def test_without_the_decode_check_a_damaged_keyframe_passes_and_the_summary_says_so(
+    source: Path, tmp_path: Path
+):
+    episode, video = first_episode_of_a_file(source)
+    pos, size, _ = packets(video)[0]
+    flip(video, pos + size // 4, pos + size)
+    dest = tmp_path / "out"
+    summary = convert(str(source), str(dest), workers=0, progress=False, decode_check=False)
+    assert "checked: frame counts and timestamps, no frame decoded" in summary.line()
+    assert [p.episode_index for p in verify_dataset(str(dest), deep=True)] == [episode]
+    fine = convert(str(source), str(tmp_path / "other"), episodes=[0], workers=0, progress=False)
+    assert "each cut's first frame decoded (verify --deep decodes all)" in fine.line()

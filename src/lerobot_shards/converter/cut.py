@@ -4,12 +4,13 @@ Packets are remuxed as they are, never decoded and re-encoded, so a decoder gets
 frames. The episode's frames are found by their real presentation timestamps: LeRobot's
 ``from_timestamp`` is a running float sum, so the nearest packet within ``tolerance_s`` wins.
 
-What a cut checks (``_check_cut``): the written mp4 holds exactly the episode's frames, and its
-first frame (the keyframe it starts at) decodes. That catches a source whose codec parameters or
-keyframes are damaged, at the cost of one frame decoded per episode and camera; damage to later
-frames of a source that still demuxes is found only by ``lerobot-shards verify --deep``, which
-decodes every frame. A source that cannot be opened or demuxed fails naming the episode, the
-camera and the file.
+What a cut checks (``_check_cut``): the written mp4 holds exactly the episode's frames, its
+first packets parse (FFmpeg probes them when opening it), and, unless ``decode_check`` is off,
+its first frame (the keyframe it starts at) decodes. That catches a source whose codec
+parameters or keyframes are damaged, at the cost of one frame decoded per episode and camera
+(``docs/performance.md``); damage to later frames of a source that still demuxes and parses is
+found only by ``lerobot-shards verify --deep``, which decodes every frame. A source that cannot
+be opened or demuxed fails naming the episode, the camera and the file.
 """
 
 from __future__ import annotations
@@ -105,12 +106,13 @@ class SourceVideo:
         fps: float,
         tolerance_s: float = DEFAULT_TOLERANCE_S,
         where: str = "video",
+        decode_check: bool = True,
     ) -> Cut:
         """Stream-copy the frames at ``from_timestamp + timestamps[k]`` into a new mp4.
 
         If the first frame is not a keyframe, the cut starts at the keyframe before it and the
         header's ``skip_frames`` says how many leading frames to drop. ``where`` names the
-        episode and camera in errors.
+        episode and camera in errors; ``decode_check``: decode the cut's first frame.
         """
         if not timestamps:
             raise CutError(f"{where}: episode has no frames")
@@ -148,7 +150,7 @@ class SourceVideo:
             frames=len(span),
             skip_frames=skip,
         )
-        _check_cut(data, camera, where)
+        _check_cut(data, camera, where, decode_check)
         return Cut(data=data, camera=camera)
 
     def close(self) -> None:
@@ -256,9 +258,10 @@ def _remux(stream: av.video.stream.VideoStream, span: list[_Pkt]) -> bytes:
     return buf.getvalue()
 
 
-def _check_cut(data: bytes, camera: CameraHeader, where: str) -> None:
-    """Re-read the cut's sample table: it must hold the frames the header says; and decode its
-    first frame (the keyframe it starts at, on one thread: no decoder thread pool to start)."""
+def _check_cut(data: bytes, camera: CameraHeader, where: str, decode: bool = True) -> None:
+    """Re-read the cut's sample table: it must hold the frames the header says; and if
+    ``decode``, decode its first frame (the keyframe it starts at, on one thread: no decoder
+    thread pool to start)."""
     try:
         container = av.open(io.BytesIO(data), mode="r", format="mp4")
     except av.error.FFmpegError as exc:  # opening parses the first packets
@@ -269,6 +272,8 @@ def _check_cut(data: bytes, camera: CameraHeader, where: str) -> None:
             raise CutError(
                 f"{where}: the written mp4 holds {stream.frames} frames, expected {camera.frames}"
             )
+        if not decode:
+            return
         stream.thread_count = 1
         try:
             first = next(container.decode(stream), None)

@@ -72,6 +72,8 @@ class JobArgs:
     tolerance_s: float
     run_id: str
     """Unique per ``convert()`` call: a long-lived worker reopens the source for a new run."""
+    decode_check: bool = True
+    """Decode each cut's first frame (``cut``)."""
 
 
 class _Job:
@@ -124,7 +126,7 @@ def convert_episode(args: JobArgs, episode_index: int, then: Sequence[int] = ())
     try:
         row = write_episode_shard(
             job.src, episode_index, job.fs, job.root, args.tolerance_s, job.videos, then,
-            args.run_id,
+            args.run_id, args.decode_check,
         )  # fmt: skip
         job.records.save(row)
     except OSError as exc:

@@ -87,13 +87,17 @@ class ConvertSummary:
     written_bytes: int
     """Shard bytes written by this run."""
     seconds: float
+    decode_check: bool = True
+    """Whether each cut's first frame was decoded (what ``line`` says was checked)."""
 
     def line(self) -> str:
         rate = self.written_bytes / 1e6 / self.seconds if self.seconds else 0.0
+        checked = "each cut's first frame decoded" if self.decode_check else "no frame decoded"
         return (
             f"{self.dest}: {self.episodes} episodes ({self.converted} converted, "
             f"{self.episodes - self.converted} already done), {self.frames} frames, "
-            f"{self.bytes / 1e6:.1f} MB in {self.seconds:.1f} s ({rate:.1f} MB/s written)"
+            f"{self.bytes / 1e6:.1f} MB in {self.seconds:.1f} s ({rate:.1f} MB/s written); "
+            f"checked: frame counts and timestamps, {checked} (verify --deep decodes all)"
         )
 
 
@@ -111,6 +115,7 @@ def convert(
     executor: str = "local",
     ray_address: str | None = None,
     max_in_flight: int | None = None,
+    decode_check: bool = True,
 ) -> ConvertSummary:
     """Convert a LeRobot dataset (v3.0 or v2.1) at ``source`` into shards at ``dest``.
 
@@ -125,6 +130,11 @@ def convert(
     submitted and not yet collected (default: two pool tasks of up to ``MAX_BATCH`` episodes
     per worker, or twice the cluster's CPUs).
     Both executors write the same bytes.
+
+    Every cut is checked to hold exactly the episode's frames at the rows' timestamps; with
+    ``decode_check`` (default) its first frame is also decoded, which catches damaged codec
+    parameters and keyframes in the source for about one keyframe decode per episode and camera.
+    Every frame is decoded only by ``verify --deep``.
     """
     started = time.perf_counter()
     if executor not in EXECUTORS:
@@ -157,6 +167,7 @@ def convert(
         dest_storage_options=dest_storage_options,
         tolerance_s=tolerance_s,
         run_id=uuid.uuid4().hex,
+        decode_check=decode_check,
     )
     with acquire_lock(fs, root, str(dest), args.run_id) as lock:
         try:
@@ -189,6 +200,7 @@ def convert(
         bytes=sum(r.size for r in rows),
         written_bytes=written,
         seconds=time.perf_counter() - started,
+        decode_check=decode_check,
     )
 
 

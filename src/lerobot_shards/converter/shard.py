@@ -126,10 +126,12 @@ def episode_members(
     tolerance_s: float,
     videos: SourceVideos,
     then: Sequence[int] = (),
+    decode_check: bool = True,
 ) -> tuple[EpisodeHeader, list[tuple[str, bytes]]]:
     """The episode's header and its members as ``(extension, bytes)``, in tar order.
 
-    ``then``: the episodes this process converts next (their rows are read along).
+    ``then``: the episodes this process converts next (their rows are read along);
+    ``decode_check``: decode each cut's first frame (``cut``).
     """
     ep = source.episode(episode_index)
     rows = source.read_rows(episode_index, then=then)
@@ -151,6 +153,7 @@ def episode_members(
             fps=source.fps,
             tolerance_s=tolerance_s,
             where=where,
+            decode_check=decode_check,
         )
         header.cameras[key] = cut.camera
         members.append((f"{key}.mp4", cut.data))
@@ -207,10 +210,14 @@ def write_episode_shard(
     videos: SourceVideos,
     then: Sequence[int] = (),
     run_id: str = "",
+    decode_check: bool = True,
 ) -> ManifestRow:
     """Convert one episode into ``root/shards/CCC/episode-EEEEEE.tar`` and return its row
-    (``then``: see ``episode_members``; ``run_id`` goes into the temporary file's name)."""
-    header, members = episode_members(source, episode_index, tolerance_s, videos, then)
+    (``then``, ``decode_check``: see ``episode_members``; ``run_id`` goes into the temporary
+    file's name)."""
+    header, members = episode_members(
+        source, episode_index, tolerance_s, videos, then, decode_check
+    )
     relative = shard_path(episode_index)
     final = join(root, relative)
     local = isinstance(fs, LocalFileSystem)
