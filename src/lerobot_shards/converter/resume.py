@@ -4,7 +4,7 @@ A resume record (``job.read_records``) says an episode's shard was written; it d
 shard is still intact. A shard may have been truncated, overwritten or had a byte flipped since,
 so a rerun trusts a record only if the shard has the recorded size *and* checksum, and converts
 everything else again. Hashing reads every finished shard once: on a local disk that runs at
-the disk's (or the page cache's) speed on all cores (``docs/performance.md`` has figures); on
+the disk's (or the page cache's) speed on all cores (``docs/converter.md`` has figures); on
 object storage it downloads them, in parallel.
 """
 
