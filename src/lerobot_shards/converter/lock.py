@@ -178,7 +178,9 @@ class DestinationLock:
         except OSError as exc:  # another run took it over first
             raise self._refusal(None) from exc
 
-    def _put(self, holder: Holder, mode: str = "overwrite", if_match: str | None = None) -> str:
+    def _put(
+        self, holder: Holder, mode: str = "overwrite", if_match: str | None = None
+    ) -> str | None:
         """Write the lease; returns its ETag on S3 (None elsewhere)."""
         kwargs = {"IfMatch": if_match} if if_match and self._s3 else {}
         out = self.fs.pipe_file(self.path, holder.to_json(), mode=mode, **kwargs)
