@@ -20,6 +20,7 @@ from lerobot_shards import convert
 from lerobot_shards.cli import main
 from lerobot_shards.converter import ray_executor
 from lerobot_shards.converter.job import DONE_DIR, read_records
+from lerobot_shards.converter.lock import LOCK_FILE
 from lerobot_shards.converter.run import ConvertError, convert_episode
 from lerobot_shards.format import INDEX_FILE, MANIFEST_FILE, checksum, shard_path
 from lerobot_shards.testing.factory import make_dataset
@@ -60,11 +61,14 @@ def reference(golden: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[st
 
 def tree(root: Path) -> dict[str, bytes]:
     """Every file under ``root`` (shards, manifest, index, meta) by path, and the resume
-    records (which each process logs under a name of its own) under ``DONE_DIR``."""
+    records (which each process logs under a name of its own) under ``DONE_DIR``; not the lock,
+    which names the run that held it."""
     files = {
         p.relative_to(root).as_posix(): p.read_bytes()
         for p in sorted(root.rglob("*"))
-        if p.is_file() and not p.relative_to(root).as_posix().startswith(DONE_DIR)
+        if p.is_file()
+        and not p.relative_to(root).as_posix().startswith(DONE_DIR)
+        and p.relative_to(root).as_posix() != LOCK_FILE
     }
     records = read_records(fsspec.filesystem("file"), str(root))
     files[DONE_DIR] = repr(sorted(records.items())).encode()

@@ -3,6 +3,14 @@
 Packets are remuxed as they are, never decoded and re-encoded, so a decoder gets bit-identical
 frames. The episode's frames are found by their real presentation timestamps: LeRobot's
 ``from_timestamp`` is a running float sum, so the nearest packet within ``tolerance_s`` wins.
+
+What a cut checks (``_check_cut``): the written mp4 holds exactly the episode's frames, its
+first packets parse (FFmpeg probes them when opening it), and, unless ``decode_check`` is off,
+its first frame (the keyframe it starts at) decodes. That catches a source whose codec
+parameters or keyframes are damaged, at the cost of one frame decoded per episode and camera
+(``docs/performance.md``); damage to later frames of a source that still demuxes and parses is
+found only by ``lerobot-shards verify --deep``, which decodes every frame. A source that cannot
+be opened or demuxed fails naming the episode, the camera and the file.
 """
 
 from __future__ import annotations
@@ -78,10 +86,13 @@ class SourceVideo:
     """
 
     def __init__(self, file: str | BinaryIO, where: str = "video") -> None:
-        self.container = av.open(file, mode="r", buffer_size=IO_BUFFER)
+        try:
+            self.container = av.open(file, mode="r", buffer_size=IO_BUFFER)
+        except av.error.FFmpegError as exc:
+            raise _damaged(where, "cannot be opened", exc) from exc
         if not self.container.streams.video:
             self.container.close()
-            raise CutError(f"{where}: no video stream")
+            raise CutError(f"{where}: no video stream (the file is damaged or not a video)")
         self.stream = self.container.streams.video[0]
         if self.stream.time_base is None:
             self.container.close()
@@ -95,12 +106,13 @@ class SourceVideo:
         fps: float,
         tolerance_s: float = DEFAULT_TOLERANCE_S,
         where: str = "video",
+        decode_check: bool = True,
     ) -> Cut:
         """Stream-copy the frames at ``from_timestamp + timestamps[k]`` into a new mp4.
 
         If the first frame is not a keyframe, the cut starts at the keyframe before it and the
         header's ``skip_frames`` says how many leading frames to drop. ``where`` names the
-        episode and camera in errors.
+        episode and camera in errors; ``decode_check``: decode the cut's first frame.
         """
         if not timestamps:
             raise CutError(f"{where}: episode has no frames")
@@ -108,10 +120,13 @@ class SourceVideo:
         tb = float(stream.time_base)  # seconds per tick; floats are exact enough and fast
         first_s = from_timestamp + timestamps[0]
         last_s = from_timestamp + timestamps[-1]
-        for margin in _SEEK_MARGINS_S:
-            pkts = _demux_span(container, stream, first_s, last_s, margin, tolerance_s)
-            if pkts and (margin is None or _covers(pkts, first_s, tb, tolerance_s)):
-                break
+        try:
+            for margin in _SEEK_MARGINS_S:
+                pkts = _demux_span(container, stream, first_s, last_s, margin, tolerance_s)
+                if pkts and (margin is None or _covers(pkts, first_s, tb, tolerance_s)):
+                    break
+        except av.error.FFmpegError as exc:
+            raise _damaged(where, f"cannot be read around {first_s:.3f}s", exc) from exc
         picked, start, end = _locate(pkts, from_timestamp, timestamps, tb, tolerance_s, where)
         span = pkts[start:end]
         first_pts = picked[0].pts
@@ -135,7 +150,7 @@ class SourceVideo:
             frames=len(span),
             skip_frames=skip,
         )
-        _check_cut(data, camera, where)
+        _check_cut(data, camera, where, decode_check)
         return Cut(data=data, camera=camera)
 
     def close(self) -> None:
@@ -243,9 +258,33 @@ def _remux(stream: av.video.stream.VideoStream, span: list[_Pkt]) -> bytes:
     return buf.getvalue()
 
 
-def _check_cut(data: bytes, camera: CameraHeader, where: str) -> None:
-    """Re-read the cut's sample table (no demuxing): it must hold the frames the header says."""
-    with av.open(io.BytesIO(data), mode="r", format="mp4") as container:
-        count = container.streams.video[0].frames
-    if count != camera.frames:
-        raise CutError(f"{where}: the written mp4 holds {count} frames, expected {camera.frames}")
+def _check_cut(data: bytes, camera: CameraHeader, where: str, decode: bool = True) -> None:
+    """Re-read the cut's sample table: it must hold the frames the header says; and if
+    ``decode``, decode its first frame (the keyframe it starts at, on one thread: no decoder
+    thread pool to start)."""
+    try:
+        container = av.open(io.BytesIO(data), mode="r", format="mp4")
+    except av.error.FFmpegError as exc:  # opening parses the first packets
+        raise _damaged(where, "holds frames that cannot be read back", exc) from exc
+    with container:
+        stream = container.streams.video[0]
+        if stream.frames != camera.frames:
+            raise CutError(
+                f"{where}: the written mp4 holds {stream.frames} frames, expected {camera.frames}"
+            )
+        if not decode:
+            return
+        stream.thread_count = 1
+        try:
+            first = next(container.decode(stream), None)
+        except av.error.FFmpegError as exc:
+            raise _damaged(where, "has a first frame that does not decode", exc) from exc
+    if first is None:
+        raise CutError(f"{where}: the source video is damaged: the episode's frames do not decode")
+
+
+def _damaged(where: str, what: str, exc: av.error.FFmpegError) -> CutError:
+    """The error of a source video FFmpeg cannot read (its own message names no file)."""
+    return CutError(
+        f"{where}: the source video is damaged or not a video: it {what} ({exc.strerror or exc})"
+    )

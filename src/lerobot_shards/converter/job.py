@@ -16,6 +16,7 @@ episodes on a rerun.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from collections.abc import Sequence
@@ -42,6 +43,24 @@ class ConvertError(RuntimeError):
     """The conversion cannot start or an episode failed; the message says which and why."""
 
 
+def episode_error(episode_index: int, exc: Exception) -> ConvertError:
+    """``exc`` as the error of an episode: its message led by the episode, once."""
+    message = str(exc)
+    where = f"episode {episode_index}"
+    if message.startswith((f"{where}:", f"{where} ")):
+        return ConvertError(message)
+    return ConvertError(f"{where}: {message}")
+
+
+def no_space(dest: str, doing: str, exc: OSError) -> ConvertError:
+    """The error of a destination that ran out of space: what was being written and that a
+    rerun, once space is freed, finishes the job."""
+    return ConvertError(
+        f"{dest}: no space left on device ({doing}: {exc}); the episodes finished so far are "
+        "kept: free some space and rerun to finish"
+    )
+
+
 @dataclass(frozen=True)
 class JobArgs:
     """What any process (a pool worker, a Ray worker) needs to convert one episode."""
@@ -53,6 +72,8 @@ class JobArgs:
     tolerance_s: float
     run_id: str
     """Unique per ``convert()`` call: a long-lived worker reopens the source for a new run."""
+    decode_check: bool = True
+    """Decode each cut's first frame (``cut``)."""
 
 
 class _Job:
@@ -102,10 +123,16 @@ def convert_episode(args: JobArgs, episode_index: int, then: Sequence[int] = ())
     the episodes this process converts next (their rows are read along).
     """
     job = job_for(args)
-    row = write_episode_shard(
-        job.src, episode_index, job.fs, job.root, args.tolerance_s, job.videos, then
-    )
-    job.records.save(row)
+    try:
+        row = write_episode_shard(
+            job.src, episode_index, job.fs, job.root, args.tolerance_s, job.videos, then,
+            args.run_id, args.decode_check,
+        )  # fmt: skip
+        job.records.save(row)
+    except OSError as exc:
+        if exc.errno == errno.ENOSPC:
+            raise no_space(args.dest, f"writing episode {episode_index}", exc) from exc
+        raise
     return row
 
 
@@ -118,8 +145,10 @@ def convert_episodes(args: JobArgs, episode_indices: list[int]) -> list[Manifest
     for k, i in enumerate(episode_indices):
         try:
             rows.append(convert_episode(args, i, episode_indices[k + 1 :]))
+        except ConvertError:
+            raise
         except Exception as exc:
-            raise ConvertError(f"episode {i}: {exc}") from exc
+            raise episode_error(i, exc) from exc
     return rows
 
 
@@ -151,7 +180,7 @@ class _Records:
         if self._fd is None:
             log = join(self.root, f"{DONE_DIR}/{self.run_id}-{os.getpid()}.jsonl")
             os.makedirs(os.path.dirname(log), exist_ok=True)
-            self._fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            self._fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
         view = memoryview(line)
         while view:
             view = view[os.write(self._fd, view) :]

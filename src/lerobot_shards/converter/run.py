@@ -7,12 +7,16 @@ progress and writes the dataset-level files.
 
 Resume works from small per-episode records: after an episode's shard is in place, its manifest
 row is saved under ``DEST/.convert/done/`` (``job.read_records`` reads them back). A rerun
-trusts a record whose shard still has the recorded size and converts everything else;
-``index.json`` is written last, so an interrupted run is never mistaken for a finished one.
+trusts a record whose shard still has the recorded size and checksum (``resume``) and converts
+everything else. A run holds the destination's lock (``lock``) throughout, so two runs never
+write one destination at once. The dataset-level files are each replaced whole, and only if
+their bytes change, ``index.json`` last: an interrupted first run is never mistaken for a
+finished one, and an interrupted rerun leaves a finished dataset readable.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -38,11 +42,14 @@ from lerobot_shards.converter.job import (
     JobArgs,
     convert_episode,
     convert_episodes,
+    episode_error,
     forget_job,
     job_for,
-    read_records,
+    no_space,
 )
-from lerobot_shards.converter.shard import TMP_SUFFIX
+from lerobot_shards.converter.lock import LOCK_FILE, DestinationLock, acquire_lock
+from lerobot_shards.converter.resume import finished_rows
+from lerobot_shards.converter.shard import TMP_SUFFIX, is_temp_of
 from lerobot_shards.format import (
     FORMAT_VERSION,
     INDEX_FILE,
@@ -56,7 +63,7 @@ from lerobot_shards.format import (
     ManifestRow,
     checksum,
     join,
-    write_manifest,
+    manifest_table,
 )
 from lerobot_shards.source import Source, open_source
 
@@ -80,13 +87,17 @@ class ConvertSummary:
     written_bytes: int
     """Shard bytes written by this run."""
     seconds: float
+    decode_check: bool = True
+    """Whether each cut's first frame was decoded (what ``line`` says was checked)."""
 
     def line(self) -> str:
         rate = self.written_bytes / 1e6 / self.seconds if self.seconds else 0.0
+        checked = "each cut's first frame decoded" if self.decode_check else "no frame decoded"
         return (
             f"{self.dest}: {self.episodes} episodes ({self.converted} converted, "
             f"{self.episodes - self.converted} already done), {self.frames} frames, "
-            f"{self.bytes / 1e6:.1f} MB in {self.seconds:.1f} s ({rate:.1f} MB/s written)"
+            f"{self.bytes / 1e6:.1f} MB in {self.seconds:.1f} s ({rate:.1f} MB/s written); "
+            f"checked: frame counts and timestamps, {checked} (verify --deep decodes all)"
         )
 
 
@@ -104,6 +115,7 @@ def convert(
     executor: str = "local",
     ray_address: str | None = None,
     max_in_flight: int | None = None,
+    decode_check: bool = True,
 ) -> ConvertSummary:
     """Convert a LeRobot dataset (v3.0 or v2.1) at ``source`` into shards at ``dest``.
 
@@ -118,6 +130,11 @@ def convert(
     submitted and not yet collected (default: two pool tasks of up to ``MAX_BATCH`` episodes
     per worker, or twice the cluster's CPUs).
     Both executors write the same bytes.
+
+    Every cut is checked to hold exactly the episode's frames at the rows' timestamps; with
+    ``decode_check`` (default) its first frame is also decoded, which catches damaged codec
+    parameters and keyframes in the source for about one keyframe decode per episode and camera.
+    Every frame is decoded only by ``verify --deep``.
     """
     started = time.perf_counter()
     if executor not in EXECUTORS:
@@ -142,10 +159,7 @@ def convert(
         )
     selected = _select(src, episodes)
     options = _options(src, selected)
-    _prepare_dest(fs, root, str(dest), src, options, overwrite)
-
-    done = _finished_records(fs, root, selected)
-    todo = [i for i in selected if i not in done]
+    _check_dest(fs, root, str(dest), src, options, overwrite)  # before the lock creates files
     args = JobArgs(
         source=_absolute(str(source)),
         storage_options=storage_options,
@@ -153,36 +167,31 @@ def convert(
         dest_storage_options=dest_storage_options,
         tolerance_s=tolerance_s,
         run_id=uuid.uuid4().hex,
+        decode_check=decode_check,
     )
-    if executor == "ray":
-        from lerobot_shards.converter.ray_executor import run_ray
+    with acquire_lock(fs, root, str(dest), args.run_id) as lock:
+        try:
+            _prepare_dest(fs, root, options, overwrite)
+            done = finished_rows(fs, root, selected)
+            todo = [i for i in selected if i not in done]
+            if executor == "ray":
+                from lerobot_shards.converter.ray_executor import run_ray
 
-        finished = run_ray(args, todo, address=ray_address, max_in_flight=max_in_flight)
-    else:
-        n_workers = (os.cpu_count() or 1) if workers is None else max(0, int(workers))
-        if in_memory:
-            n_workers = 0
-        finished = _run_local(args, src, todo, n_workers, max_in_flight)
-    written = 0
-    with tqdm(
-        total=len(selected),
-        initial=len(selected) - len(todo),
-        unit="ep",
-        desc="convert",
-        disable=not progress,
-        smoothing=0.1,
-    ) as bar:
-        run_started = time.perf_counter()
-        for row in finished:
-            done[row.episode_index] = row
-            written += row.size
-            bar.update(1)
-            elapsed = time.perf_counter() - run_started
-            bar.set_postfix_str(f"{written / 1e6 / max(elapsed, 1e-9):.1f} MB/s", refresh=False)
-
-    rows = [done[i] for i in selected]
-    _remove_stale_temp_files(fs, root)  # left by workers that died mid-write and were retried
-    _write_dataset_files(fs, root, src, rows)
+                finished = run_ray(args, todo, address=ray_address, max_in_flight=max_in_flight)
+            else:
+                n_workers = (os.cpu_count() or 1) if workers is None else max(0, int(workers))
+                if in_memory:
+                    n_workers = 0
+                finished = _run_local(args, src, todo, n_workers, max_in_flight)
+            written = _collect(finished, done, len(selected), len(todo), progress, lock)
+            rows = [done[i] for i in selected]
+            _remove_temp_files(fs, root, args.run_id)  # of workers that died mid-write
+            lock.check()
+            _write_dataset_files(fs, root, src, rows)
+        except OSError as exc:
+            if exc.errno == errno.ENOSPC:
+                raise no_space(str(dest), "writing the dataset's files", exc) from exc
+            raise
     return ConvertSummary(
         dest=str(dest),
         episodes=len(rows),
@@ -191,7 +200,34 @@ def convert(
         bytes=sum(r.size for r in rows),
         written_bytes=written,
         seconds=time.perf_counter() - started,
+        decode_check=decode_check,
     )
+
+
+def _collect(
+    finished: Iterator[ManifestRow],
+    done: dict[int, ManifestRow],
+    total: int,
+    todo: int,
+    progress: bool,
+    lock: DestinationLock,
+) -> int:
+    """Add the rows of ``finished`` to ``done`` as they come, with progress; returns the shard
+    bytes written. Stops if the lock was lost."""
+    written = 0
+    with tqdm(
+        total=total, initial=total - todo, unit="ep", desc="convert", disable=not progress,
+        smoothing=0.1,
+    ) as bar:  # fmt: skip
+        run_started = time.perf_counter()
+        for row in finished:
+            lock.check()
+            done[row.episode_index] = row
+            written += row.size
+            bar.update(1)
+            elapsed = time.perf_counter() - run_started
+            bar.set_postfix_str(f"{written / 1e6 / max(elapsed, 1e-9):.1f} MB/s", refresh=False)
+    return written
 
 
 # --------------------------------------------------------------------------------------------
@@ -223,16 +259,18 @@ def _options(src: Source, selected: list[int]) -> dict:
     }
 
 
-def _prepare_dest(
+def _check_dest(
     fs: fsspec.AbstractFileSystem, root: str, dest: str, src: Source, options: dict, overwrite: bool
 ) -> None:
+    """Refuse a destination that is the source, holds another conversion (unless
+    ``overwrite``) or holds anything else: before the lock creates a file there."""
     src_root = src.path("").rstrip("/")
     if type(fs) is type(src.fs) and posixpath.normpath(root) == posixpath.normpath(src_root):
         raise ConvertError(f"{dest}: the destination is the source itself")
+    if overwrite:
+        return
     options_path = join(root, OPTIONS_FILE)
-    if overwrite and fs.exists(root):
-        fs.rm(root, recursive=True)
-    elif fs.exists(options_path):
+    if fs.exists(options_path):
         with fs.open(options_path, "rb") as f:
             previous = json.load(f)
         if previous != options:
@@ -240,44 +278,44 @@ def _prepare_dest(
                 f"{dest}: holds a conversion with different options "
                 f"(recorded {previous}, now {options}); pass --overwrite to start afresh"
             )
-        _remove_stale_temp_files(fs, root)
-        return
-    elif fs.exists(root) and (fs.isfile(root) or fs.ls(root, detail=False)):
+    elif fs.exists(root) and (fs.isfile(root) or _entries(fs, root) - {STATE_DIR}):
         raise ConvertError(
             f"{dest}: exists and is not a lerobot-shards conversion; "
             "pass --overwrite to replace it, or choose an empty destination"
         )
+
+
+def _prepare_dest(fs: fsspec.AbstractFileSystem, root: str, options: dict, overwrite: bool) -> None:
+    """Under the lock: empty the destination (keeping the lock) if ``overwrite``, remove
+    temporary files of earlier runs (dead: they held the lock) and record the options."""
+    if overwrite and fs.exists(root):
+        for name in _entries(fs, root):
+            if name != STATE_DIR:
+                fs.rm(join(root, name), recursive=True)
+        for name in _entries(fs, join(root, STATE_DIR)):
+            if f"{STATE_DIR}/{name}" != LOCK_FILE:
+                fs.rm(join(root, f"{STATE_DIR}/{name}"), recursive=True)
+    _remove_temp_files(fs, root)
     fs.makedirs(join(root, STATE_DIR), exist_ok=True)
-    with fs.open(options_path, "wb") as f:
-        f.write(json.dumps(options, indent=2, sort_keys=True).encode())
+    _put(fs, join(root, OPTIONS_FILE), json.dumps(options, indent=2, sort_keys=True).encode())
 
 
-def _remove_stale_temp_files(fs: fsspec.AbstractFileSystem, root: str) -> None:
-    """Temporary tars an interrupted run left behind (local destinations only have them)."""
+def _entries(fs: fsspec.AbstractFileSystem, path: str) -> set[str]:
+    """Names in the folder ``path`` (none if it does not exist)."""
+    try:
+        return {posixpath.basename(p.rstrip("/")) for p in fs.ls(path, detail=False)}
+    except FileNotFoundError:
+        return set()
+
+
+def _remove_temp_files(fs: fsspec.AbstractFileSystem, root: str, run_id: str | None = None) -> None:
+    """Temporary tars of the run ``run_id`` (or, under the lock at the start, of any run) that
+    workers which died mid-write left behind (local destinations only have them)."""
     shards = join(root, SHARDS_DIR)
     if isinstance(fs, LocalFileSystem) and fs.exists(shards):
         for path in fs.find(shards):
-            if path.endswith(TMP_SUFFIX):
+            if is_temp_of(posixpath.basename(path), run_id):
                 fs.rm_file(path)
-
-
-def _finished_records(
-    fs: fsspec.AbstractFileSystem, root: str, selected: list[int]
-) -> dict[int, ManifestRow]:
-    """Rows of the episodes already done: a record exists and its shard has the recorded size."""
-    records = read_records(fs, root)
-    shards_dir = join(root, SHARDS_DIR)
-    if not records or not fs.exists(shards_dir):
-        return {}
-    sizes = {
-        posixpath.relpath(path, root): info["size"]
-        for path, info in fs.find(shards_dir, detail=True).items()
-    }
-    return {
-        i: row
-        for i in selected
-        if (row := records.get(i)) is not None and sizes.get(row.shard) == row.size
-    }
 
 
 def _protocols(fs: fsspec.AbstractFileSystem) -> tuple[str, ...]:
@@ -371,8 +409,10 @@ def _run_local(
 def _checked(args: JobArgs, episode_index: int, then: list[int]) -> ManifestRow:
     try:
         return convert_episode(args, episode_index, then)
+    except ConvertError:
+        raise
     except Exception as exc:
-        raise ConvertError(f"episode {episode_index}: {exc}") from exc
+        raise episode_error(episode_index, exc) from exc
 
 
 # --------------------------------------------------------------------------------------------
@@ -383,10 +423,11 @@ def _checked(args: JobArgs, episode_index: int, then: list[int]) -> ManifestRow:
 def _write_dataset_files(
     fs: fsspec.AbstractFileSystem, root: str, src: Source, rows: list[ManifestRow]
 ) -> None:
-    """meta/, manifest.parquet, then index.json (last: its presence marks a finished dataset)."""
-    index_path = join(root, INDEX_FILE)
-    if fs.exists(index_path):
-        fs.rm_file(index_path)
+    """meta/, manifest.parquet, then index.json (last: its presence marks a finished dataset).
+
+    Each is replaced whole and only if its bytes change, so a rerun of a finished dataset
+    writes nothing and a rerun killed at any point leaves it readable.
+    """
     fs.makedirs(join(root, META_DIR), exist_ok=True)
     _put(fs, join(root, INFO_FILE), _read(src, INFO_FILE))
     if src.exists(STATS_FILE):
@@ -397,10 +438,10 @@ def _write_dataset_files(
         _put(fs, join(root, TASKS_FILE), _read(src, TASKS_FILE))
     else:
         _put(fs, join(root, TASKS_FILE), tasks_parquet(src.tasks))
-    manifest_path = join(root, MANIFEST_FILE)
-    write_manifest(fs, manifest_path, rows)
-    with fs.open(manifest_path, "rb") as f:
-        manifest_checksum = checksum(f.read())
+    sink = pa.BufferOutputStream()
+    pq.write_table(manifest_table(rows), sink)
+    manifest = sink.getvalue().to_pybytes()
+    _put(fs, join(root, MANIFEST_FILE), manifest)
     index = DatasetIndex(
         codebase_version=src.codebase_version,
         fps=src.fps,
@@ -411,9 +452,9 @@ def _write_dataset_files(
         writer_version=__version__,
         camera_keys=list(src.camera_keys),
         video_keys=list(src.video_keys),
-        manifest_checksum=manifest_checksum,
+        manifest_checksum=checksum(manifest),
     )
-    _put(fs, index_path, index.to_json())
+    _put(fs, join(root, INDEX_FILE), index.to_json())
 
 
 def tasks_parquet(tasks: list[str]) -> bytes:
@@ -444,5 +485,24 @@ def _read(src: Source, relative: str) -> bytes:
 
 
 def _put(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
-    with fs.open(path, "wb") as f:
-        f.write(data)
+    """Make ``path`` hold ``data``, unless it already does: replaced whole (a temporary file
+    renamed over it on a local disk, created as any file is, ``0o666`` less the umask; one
+    upload elsewhere), so a reader sees the old bytes or the new, never a part."""
+    try:
+        if fs.size(path) == len(data) and fs.cat_file(path) == data:
+            return
+    except FileNotFoundError:
+        pass
+    if not isinstance(fs, LocalFileSystem):
+        fs.pipe_file(path, data)
+        return
+    folder, name = os.path.split(path)
+    tmp = os.path.join(folder, f".{name}.{uuid.uuid4().hex}{TMP_SUFFIX}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)

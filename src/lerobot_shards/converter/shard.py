@@ -2,7 +2,10 @@
 
 The tar is built in a temporary file (hashing as it is written) and only then moved to its
 final name (rename on a local disk, a single upload elsewhere), so a crash never leaves a half
-shard where a finished one is expected.
+shard where a finished one is expected. A local temporary file is named after its run
+(``temp_name``), so a run removes only its own leftovers (``run`` removes other runs' only
+while it holds the destination's lock), and it is created as any file is, ``0o666`` less the
+umask, so a finished shard has the permissions of the manifest beside it.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import hashlib
 import io
 import os
 import posixpath
+import secrets
 import tarfile
 import tempfile
 from collections import OrderedDict
@@ -38,6 +42,19 @@ TAR_MTIME = 0
 """Fixed member mtime: converting the same episode twice gives byte-identical tars."""
 
 TMP_SUFFIX = ".tmp"
+
+
+def temp_name(episode_index: int, run_id: str) -> str:
+    """A temporary shard's file name: hidden, its run's and process's, unique."""
+    unique = f"{run_id}-{os.getpid()}-{secrets.token_hex(4)}"
+    return f".{episode_key(episode_index)}.{unique}{TMP_SUFFIX}"
+
+
+def is_temp_of(name: str, run_id: str | None = None) -> bool:
+    """Whether ``name`` is a temporary shard (of the run ``run_id``, if given)."""
+    if not (name.startswith(".") and name.endswith(TMP_SUFFIX)):
+        return False
+    return run_id is None or f".{run_id}-" in name
 
 
 _PIECE = 1 << 20
@@ -109,10 +126,12 @@ def episode_members(
     tolerance_s: float,
     videos: SourceVideos,
     then: Sequence[int] = (),
+    decode_check: bool = True,
 ) -> tuple[EpisodeHeader, list[tuple[str, bytes]]]:
     """The episode's header and its members as ``(extension, bytes)``, in tar order.
 
-    ``then``: the episodes this process converts next (their rows are read along).
+    ``then``: the episodes this process converts next (their rows are read along);
+    ``decode_check``: decode each cut's first frame (``cut``).
     """
     ep = source.episode(episode_index)
     rows = source.read_rows(episode_index, then=then)
@@ -134,6 +153,7 @@ def episode_members(
             fps=source.fps,
             tolerance_s=tolerance_s,
             where=where,
+            decode_check=decode_check,
         )
         header.cameras[key] = cut.camera
         members.append((f"{key}.mp4", cut.data))
@@ -189,19 +209,24 @@ def write_episode_shard(
     tolerance_s: float,
     videos: SourceVideos,
     then: Sequence[int] = (),
+    run_id: str = "",
+    decode_check: bool = True,
 ) -> ManifestRow:
     """Convert one episode into ``root/shards/CCC/episode-EEEEEE.tar`` and return its row
-    (``then``: see ``episode_members``)."""
-    header, members = episode_members(source, episode_index, tolerance_s, videos, then)
+    (``then``, ``decode_check``: see ``episode_members``; ``run_id`` goes into the temporary
+    file's name)."""
+    header, members = episode_members(
+        source, episode_index, tolerance_s, videos, then, decode_check
+    )
     relative = shard_path(episode_index)
     final = join(root, relative)
     local = isinstance(fs, LocalFileSystem)
-    tmp_dir = os.path.dirname(final) if local else None
     if local:
-        os.makedirs(tmp_dir, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(
-        prefix=f".{episode_key(episode_index)}.", suffix=TMP_SUFFIX, dir=tmp_dir
-    )
+        os.makedirs(os.path.dirname(final), exist_ok=True)
+        tmp = os.path.join(os.path.dirname(final), temp_name(episode_index, run_id))
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # umask applies
+    else:
+        fd, tmp = tempfile.mkstemp(prefix=f".{episode_key(episode_index)}.", suffix=TMP_SUFFIX)
     try:
         with os.fdopen(fd, "wb") as f:
             digest, spans = write_tar(f, episode_key(episode_index), members)
