@@ -99,8 +99,10 @@ class SourceVideo:
         """Stream-copy the frames at ``from_timestamp + timestamps[k]`` into a new mp4.
 
         If the first frame is not a keyframe, the cut starts at the keyframe before it and the
-        header's ``skip_frames`` says how many leading frames to drop. ``where`` names the
-        episode and camera in errors.
+        header's ``skip_frames`` says how many leading frames to drop. The cut ends at the
+        episode's last frame in decode order: with B-frames, frames shown after the episode
+        that its last frames reference come before them, and ``tail_frames`` says how many to
+        drop at the end. ``where`` names the episode and camera in errors.
         """
         if not timestamps:
             raise CutError(f"{where}: episode has no frames")
@@ -118,11 +120,10 @@ class SourceVideo:
         last_pts = picked[-1].pts
         skip = sum(1 for p in span if p.pts < first_pts)
         trailing = sum(1 for p in span if p.pts > last_pts)
-        if len(span) != len(timestamps) + skip or trailing:
+        if len(span) != len(timestamps) + skip + trailing:
             raise CutError(
                 f"{where}: the cut holds {len(span)} frames ({skip} leading, {trailing} after "
-                f"the episode), expected {len(timestamps)} + {skip}: the episode's frames are "
-                "not contiguous in decode order"
+                f"the episode), expected {len(timestamps)} of the episode between them"
             )
         data = _remux(stream, span)
         cc = stream.codec_context
@@ -134,6 +135,7 @@ class SourceVideo:
             fps=float(fps),
             frames=len(span),
             skip_frames=skip,
+            tail_frames=trailing,
         )
         _check_cut(data, camera, where)
         return Cut(data=data, camera=camera)
