@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import json
 import tarfile
+from dataclasses import replace
 from pathlib import Path
 
 import av
@@ -21,6 +22,7 @@ import torch
 
 from lerobot_shards import ShardedLeRobotDataset, convert
 from lerobot_shards.converter.check import verify_dataset
+from lerobot_shards.converter.run import ConvertError
 from lerobot_shards.format import EpisodeHeader, header_member, shard_path, video_member
 from lerobot_shards.source import LeRobotSource
 from lerobot_shards.testing import video as vid
@@ -138,6 +140,20 @@ def test_equals_lerobots_own(recording: Path, converted: Path):
     for item in items:
         index = int(item["index"])
         assert_same_item(item, theirs[index], index)
+
+
+def test_open_gops_are_refused(tmp_path: Path):
+    """An open GOP's leading B-frames reference the GOP before, so no GOP decodes from its own
+    keyframe: the conversion says so, rather than write shards that do not decode."""
+    x264_open = (("bf", "3"), ("x264-params", "scenecut=0:open-gop=1"))
+    open_gop = replace(vid.H264_LONG_GOP, extra=x264_open)
+    root = make_dataset(
+        tmp_path / "src", episode_lengths=LENGTHS, encoder=open_gop, continuous_video=True
+    )
+    with pytest.raises(
+        ConvertError, match=r"camera observation.images.\w+ .*: open GOP: the frame"
+    ):
+        convert(str(root), str(tmp_path / "out"), workers=0, progress=False)
 
 
 def test_cut_of_an_episode_is_its_frames(recording: Path, converted: Path):

@@ -125,6 +125,7 @@ class SourceVideo:
                 f"{where}: the cut holds {len(span)} frames ({skip} leading, {trailing} after "
                 f"the episode), expected {len(timestamps)} of the episode between them"
             )
+        _check_closed_gops(span, tb, where)
         data = _remux(stream, span)
         cc = stream.codec_context
         camera = CameraHeader(
@@ -227,6 +228,21 @@ def _locate(
     if start is None:
         raise CutError(f"{where}: no keyframe at or before the episode start {first_s:.6f}s")
     return [pkts[i] for i in chosen], start, max(chosen) + 1
+
+
+def _check_closed_gops(span: list[_Pkt], tb: float, where: str) -> None:
+    """Refuse open GOPs: a frame decoded after a keyframe but shown before it references the GOP
+    before, and the reader decodes each GOP from its own keyframe (``reader/decode.py``)."""
+    key_pts = span[0].pts
+    for p in span:
+        if p.key:
+            key_pts = p.pts
+        elif p.pts < key_pts:
+            raise CutError(
+                f"{where}: open GOP: the frame at {p.pts * tb:.6f}s is decoded after the keyframe "
+                f"at {key_pts * tb:.6f}s but shown before it; lerobot-shards needs closed GOPs "
+                "(re-encode with them, e.g. libx264's open-gop=0, LeRobot's default libsvtav1)"
+            )
 
 
 def _remux(stream: av.video.stream.VideoStream, span: list[_Pkt]) -> bytes:
