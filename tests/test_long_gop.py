@@ -127,6 +127,18 @@ def test_epoch_equals_source(recording: Path, converted: Path, options: dict):
         assert 0 < padded < FRAMES
 
 
+def test_torchcodec_epoch_equals_source(recording: Path, converted: Path):
+    """The torchcodec backend decodes each camera's frames, skipped and tail ones too, by index."""
+    pytest.importorskip("torchcodec", reason="torchcodec is optional")
+    options = {"delta_timestamps": DELTA, "video_backend": "torchcodec"}
+    source = LeRobotSource(str(recording), **options)
+    items = list(ShardedLeRobotDataset(converted, buffer_size=2, **options))
+    assert sorted(int(item["index"]) for item in items) == list(range(FRAMES))
+    for item in items:
+        index = int(item["index"])
+        assert_same_item(item, source[index], index)
+
+
 def test_equals_lerobots_own(recording: Path, converted: Path):
     """LeRobot's LeRobotDataset reads the recording as LeRobotSource does (its env runs this)."""
     pytest.importorskip("lerobot", reason="LeRobot is optional; CI's LeRobot env runs this")
