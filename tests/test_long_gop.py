@@ -110,12 +110,21 @@ def test_headers_start_at_the_keyframe_before(converted: Path):
 
 @pytest.mark.parametrize(
     "options",
-    [{}, {"delta_timestamps": DELTA}, {"delta_timestamps": DELTA, "return_uint8": True}],
-    ids=["plain", "delta", "uint8-delta"],
+    [
+        {},
+        {"delta_timestamps": DELTA},
+        {"delta_timestamps": DELTA, "return_uint8": True},
+        {"delta_timestamps": DELTA, "decode_threads": 0, "frame_cache_gb": 0},
+    ],
+    ids=["plain", "delta", "uint8-delta", "delta-inline-uncached"],
 )
 def test_epoch_equals_source(recording: Path, converted: Path, options: dict):
-    """A whole shuffled epoch: every index once, each item LeRobotSource's, pad masks too."""
-    source = LeRobotSource(str(recording), **options)
+    """A whole shuffled epoch: every index once, each item LeRobotSource's, pad masks too.
+    Uncached, every frame is decoded from its GOP's keyframe on its own."""
+    reader_only = ("decode_threads", "frame_cache_gb")
+    source = LeRobotSource(
+        str(recording), **{k: v for k, v in options.items() if k not in reader_only}
+    )
     order, padded = [], 0
     for item in ShardedLeRobotDataset(converted, buffer_size=2, seed=1, **options):
         index = int(item["index"])
