@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Sets up .venv if needed and runs ruff and the whole test suite; then, in LeRobot 0.6.1's own
 # environment (.venv-lerobot: Python 3.12, torch 2.11, numpy 2.2, PyAV 15), the tests of what
-# LeRobot users run: golden items, reader, collate, resume, checkpoints, and the LeRobot tests
-# (meta, training, the example under torchrun, the factory's aggregated layout against LeRobot's
-# own aggregate_datasets). LEROBOT_ENV=0 skips the second run.
+# LeRobot users run: golden items (v3.0 and v2.1), reader, collate, resume, checkpoints, and the
+# LeRobot tests (meta, training, the example under torchrun, the factory's aggregated layout
+# against LeRobot's own aggregate_datasets, episodes cut mid-GOP against LeRobot's own items).
+# LEROBOT_ENV=0 skips the second run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -18,5 +19,6 @@ if [ "${LEROBOT_ENV:-1}" != 0 ]; then
     tests/test_golden.py tests/test_reader.py tests/test_decode.py tests/test_rgb24.py \
     tests/test_collate.py tests/test_transfer.py tests/test_elastic_resume.py \
     tests/test_loader.py tests/test_s3.py tests/test_lerobot_meta.py tests/test_lerobot_training.py \
-    tests/test_stats.py tests/test_mixture_reader.py tests/test_lerobot_aggregate.py
+    tests/test_stats.py tests/test_mixture_reader.py tests/test_lerobot_aggregate.py \
+    tests/test_long_gop.py
 fi

@@ -1,4 +1,5 @@
-"""Shared fixtures: the golden LeRobot 0.6.1 datasets and throwaway copies of datasets."""
+"""Shared fixtures: the golden LeRobot datasets (v3.0 by LeRobot 0.6.1, v2.1 by LeRobot 0.3.3)
+and throwaway copies of datasets."""
 
 from __future__ import annotations
 
@@ -16,6 +17,14 @@ if TYPE_CHECKING:
     from support.s3 import S3Bucket, S3Server
 
 GOLDEN_DIR = Path(__file__).parent / "data" / "lerobot-0.6.1"
+GOLDEN_V21_DIR = Path(__file__).parent / "data" / "lerobot-0.3.3-v2.1"
+GOLDEN: dict[str, Path] = {
+    "av1_multifile": GOLDEN_DIR,
+    "image": GOLDEN_DIR,
+    "v21_video": GOLDEN_V21_DIR,
+    "v21_image": GOLDEN_V21_DIR,
+}
+"""Each golden dataset's folder, which holds it and the items LeRobot returned for it."""
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -37,9 +46,16 @@ def golden_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
-def shards(golden_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
-    """``shards(name)``: the golden dataset ``name`` converted once per session (read-only:
-    tests that damage shards work on a copy)."""
+def golden_path() -> Callable[[str], Path]:
+    """``golden_path(name)``: the golden dataset ``name`` (any of ``GOLDEN``); its recorded items
+    are beside it (``<name>.items.npz``, ``<name>.delta.items.npz``)."""
+    return lambda name: GOLDEN[name] / name
+
+
+@pytest.fixture(scope="session")
+def shards(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """``shards(name)``: the golden dataset ``name`` (any of ``GOLDEN``) converted once per
+    session (read-only: tests that damage shards work on a copy)."""
     import lerobot_shards
 
     made: dict[str, Path] = {}
@@ -47,7 +63,7 @@ def shards(golden_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Callab
     def get(name: str) -> Path:
         if name not in made:
             dest = tmp_path_factory.mktemp("shards") / name
-            lerobot_shards.convert(str(golden_dir / name), str(dest), workers=0, progress=False)
+            lerobot_shards.convert(str(GOLDEN[name] / name), str(dest), workers=0, progress=False)
             made[name] = dest
         return made[name]
 

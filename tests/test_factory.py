@@ -319,6 +319,9 @@ def test_bad_arguments_are_refused(tmp_path):
         make_dataset(tmp_path / "c", cameras={"observation.images.x": (15, 16)})
     with pytest.raises(ValueError, match="unknown frame content"):
         frame_content(0, 0, 8, 8, "noise")
+    for bad in ({"version": "v2.1"}, {"video": False}, {"video_variants": 2}):
+        with pytest.raises(ValueError, match="continuous_video"):
+            make_dataset(tmp_path / "d", continuous_video=True, **bad)
 
 
 def test_video_variants_share_encodings_between_equal_length_episodes(tmp_path):

@@ -1,4 +1,9 @@
-"""LeRobotSource against items recorded by LeRobot 0.6.1 itself: exact keys, values and tasks."""
+"""The items LeRobot itself returned, recorded: LeRobotSource and the converted shards read by
+ShardedLeRobotDataset both equal them, key for key, value for value (torch.equal), task for task.
+
+Golden data: v3.0 written and read by LeRobot 0.6.1 (tests/data/lerobot-0.6.1) and v2.1 written
+and read by LeRobot 0.3.3 (tests/data/lerobot-0.3.3-v2.1); each folder's README says how.
+"""
 
 from __future__ import annotations
 
@@ -9,15 +14,16 @@ import numpy as np
 import pytest
 import torch
 
+from lerobot_shards import ShardedLeRobotDataset
 from lerobot_shards.source import LeRobotSource
 
-DATASETS = ["av1_multifile", "image"]
+DATASETS = ["av1_multifile", "image", "v21_video", "v21_image"]
+FRAMES = 74
 
 
-def expected_items(
-    golden_dir, name: str, delta: bool
-) -> tuple[list[str], list[str], np.lib.npyio.NpzFile]:
-    recorded = np.load(golden_dir / f"{name}{'.delta' if delta else ''}.items.npz")
+def expected_items(path, delta: bool) -> tuple[list[str], list[str], np.lib.npyio.NpzFile]:
+    """What LeRobot returned for the golden dataset at ``path``: keys, tasks, tensors."""
+    recorded = np.load(path.parent / f"{path.name}{'.delta' if delta else ''}.items.npz")
     return json.loads(str(recorded["__keys__"])), list(recorded["__tasks__"]), recorded
 
 
@@ -35,21 +41,37 @@ def assert_item_is_golden(item: dict, index: int, keys, tasks, recorded) -> None
 
 @pytest.mark.parametrize("delta", [False, True], ids=["plain", "delta"])
 @pytest.mark.parametrize("name", DATASETS)
-def test_every_index_equals_lerobot(golden_dir, golden_delta_timestamps, name, delta):
-    keys, tasks, recorded = expected_items(golden_dir, name, delta)
+def test_every_index_equals_lerobot(golden_path, golden_delta_timestamps, name, delta):
+    keys, tasks, recorded = expected_items(golden_path(name), delta)
     source = LeRobotSource(
-        str(golden_dir / name), delta_timestamps=golden_delta_timestamps if delta else None
+        str(golden_path(name)), delta_timestamps=golden_delta_timestamps if delta else None
     )
-    assert len(source) == len(tasks) == 74
+    assert len(source) == len(tasks) == FRAMES
     for index in range(len(source)):
         assert_item_is_golden(source[index], index, keys, tasks, recorded)
 
 
+@pytest.mark.parametrize("delta", [False, True], ids=["plain", "delta"])
 @pytest.mark.parametrize("name", DATASETS)
-def test_random_access_order_equals_lerobot(golden_dir, golden_delta_timestamps, name):
+def test_shards_equal_lerobot(golden_path, shards, golden_delta_timestamps, name, delta):
+    """A whole shuffled epoch of the converted dataset: every index once, each LeRobot's item."""
+    keys, tasks, recorded = expected_items(golden_path(name), delta)
+    ds = ShardedLeRobotDataset(
+        shards(name), buffer_size=3, delta_timestamps=golden_delta_timestamps if delta else None
+    )
+    order = []
+    for item in ds:
+        index = int(item["index"])
+        assert_item_is_golden(item, index, keys, tasks, recorded)
+        order.append(index)
+    assert sorted(order) == list(range(FRAMES)) and order != sorted(order)
+
+
+@pytest.mark.parametrize("name", DATASETS)
+def test_random_access_order_equals_lerobot(golden_path, golden_delta_timestamps, name):
     """Open decoders seek back and jump across files and episodes without changing a frame."""
-    keys, tasks, recorded = expected_items(golden_dir, name, True)
-    source = LeRobotSource(str(golden_dir / name), delta_timestamps=golden_delta_timestamps)
+    keys, tasks, recorded = expected_items(golden_path(name), True)
+    source = LeRobotSource(str(golden_path(name)), delta_timestamps=golden_delta_timestamps)
     order = list(range(len(source))) * 2
     random.Random(0).shuffle(order)
     for index in order:
@@ -59,7 +81,7 @@ def test_random_access_order_equals_lerobot(golden_dir, golden_delta_timestamps,
 @pytest.mark.timeout(60)
 def test_dataloader_workers_equal_lerobot(golden_dir, golden_delta_timestamps):
     """Forked workers open their own decoders (none shared across the fork)."""
-    keys, tasks, recorded = expected_items(golden_dir, "av1_multifile", True)
+    keys, tasks, recorded = expected_items(golden_dir / "av1_multifile", True)
     source = LeRobotSource(
         str(golden_dir / "av1_multifile"), delta_timestamps=golden_delta_timestamps
     )

@@ -84,9 +84,13 @@ class CameraHeader:
     pix_fmt: str
     fps: float
     frames: int
-    """Frames the mp4 holds, including the ``skip_frames`` leading ones."""
+    """Frames the mp4 holds, including the ``skip_frames`` and ``tail_frames`` dropped ones."""
     skip_frames: int = 0
     """Leading frames to drop: the cut started at an earlier keyframe than the episode."""
+    tail_frames: int = 0
+    """Frames after the episode's last one, to drop: with B-frames, the episode's last frames
+    reference later ones, which come before them in decode order. Written only when non-zero,
+    so readers from before it read every shard that has none."""
 
 
 @dataclass
@@ -100,7 +104,11 @@ class EpisodeHeader:
 
     def to_json(self) -> bytes:
         # ``asdict`` spelled out: it deep-copies every field, a tenth of a tiny episode's time.
-        plain = {**vars(self), "cameras": {k: vars(c) for k, c in self.cameras.items()}}
+        cameras = {
+            k: {f: v for f, v in vars(c).items() if f != "tail_frames" or v}
+            for k, c in self.cameras.items()
+        }
+        plain = {**vars(self), "cameras": cameras}
         return json.dumps(plain, sort_keys=True).encode()
 
     @classmethod

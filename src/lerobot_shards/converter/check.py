@@ -205,10 +205,10 @@ def verify_episode(
         cam = header.cameras.get(key)
         if cam is None:
             problems.append(f"header has no camera {key}")
-        elif cam.frames != row.length + cam.skip_frames:
+        elif cam.frames != row.length + cam.skip_frames + cam.tail_frames:
             problems.append(
                 f"camera {key}: header says {cam.frames} frames, expected "
-                f"{row.length} + {cam.skip_frames} skipped"
+                f"{row.length} + {cam.skip_frames} skipped + {cam.tail_frames} after"
             )
         elif deep:
             name = video_member(row.episode_index, key)

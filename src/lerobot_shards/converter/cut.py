@@ -111,8 +111,11 @@ class SourceVideo:
         """Stream-copy the frames at ``from_timestamp + timestamps[k]`` into a new mp4.
 
         If the first frame is not a keyframe, the cut starts at the keyframe before it and the
-        header's ``skip_frames`` says how many leading frames to drop. ``where`` names the
-        episode and camera in errors; ``decode_check``: decode the cut's first frame.
+        header's ``skip_frames`` says how many leading frames to drop. The cut ends at the
+        episode's last frame in decode order: with B-frames, frames shown after the episode
+        that its last frames reference come before them, and ``tail_frames`` says how many to
+        drop at the end. ``where`` names the episode and camera in errors; ``decode_check``:
+        decode the cut's first frame.
         """
         if not timestamps:
             raise CutError(f"{where}: episode has no frames")
@@ -133,12 +136,12 @@ class SourceVideo:
         last_pts = picked[-1].pts
         skip = sum(1 for p in span if p.pts < first_pts)
         trailing = sum(1 for p in span if p.pts > last_pts)
-        if len(span) != len(timestamps) + skip or trailing:
+        if len(span) != len(timestamps) + skip + trailing:
             raise CutError(
                 f"{where}: the cut holds {len(span)} frames ({skip} leading, {trailing} after "
-                f"the episode), expected {len(timestamps)} + {skip}: the episode's frames are "
-                "not contiguous in decode order"
+                f"the episode), expected {len(timestamps)} of the episode between them"
             )
+        _check_closed_gops(span, tb, where)
         data = _remux(stream, span)
         cc = stream.codec_context
         camera = CameraHeader(
@@ -149,6 +152,7 @@ class SourceVideo:
             fps=float(fps),
             frames=len(span),
             skip_frames=skip,
+            tail_frames=trailing,
         )
         _check_cut(data, camera, where, decode_check)
         return Cut(data=data, camera=camera)
@@ -240,6 +244,21 @@ def _locate(
     if start is None:
         raise CutError(f"{where}: no keyframe at or before the episode start {first_s:.6f}s")
     return [pkts[i] for i in chosen], start, max(chosen) + 1
+
+
+def _check_closed_gops(span: list[_Pkt], tb: float, where: str) -> None:
+    """Refuse open GOPs: a frame decoded after a keyframe but shown before it references the GOP
+    before, and the reader decodes each GOP from its own keyframe (``reader/decode.py``)."""
+    key_pts = span[0].pts
+    for p in span:
+        if p.key:
+            key_pts = p.pts
+        elif p.pts < key_pts:
+            raise CutError(
+                f"{where}: open GOP: the frame at {p.pts * tb:.6f}s is decoded after the keyframe "
+                f"at {key_pts * tb:.6f}s but shown before it; lerobot-shards needs closed GOPs "
+                "(re-encode with them, e.g. libx264's open-gop=0, LeRobot's default libsvtav1)"
+            )
 
 
 def _remux(stream: av.video.stream.VideoStream, span: list[_Pkt]) -> bytes:

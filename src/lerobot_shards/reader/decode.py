@@ -59,9 +59,10 @@ class Video:
     """One camera's mp4 of one episode, demuxed and ready to decode any GOP.
 
     Holds no decoded frames and no copy of the bytes: ``data`` (a view into the episode's fetched
-    bytes) plus a few numbers per packet. The mp4 holds ``skip_frames`` leading frames to drop
-    and then exactly ``length`` frames of the episode; any other count is a
-    :class:`DecodeError` naming ``where``, raised here, on admission.
+    bytes) plus a few numbers per packet. The mp4 holds ``skip_frames`` leading frames to drop,
+    then exactly ``length`` frames of the episode, then ``tail_frames`` to drop (references of
+    the episode's last B-frames); any other count is a :class:`DecodeError` naming ``where``,
+    raised here, on admission.
     """
 
     def __init__(
@@ -70,6 +71,7 @@ class Video:
         *,
         length: int,
         skip_frames: int = 0,
+        tail_frames: int = 0,
         backend: str = "pyav",
         where: str = "video",
     ) -> None:
@@ -98,7 +100,7 @@ class Video:
                     keys.append(packet.is_keyframe)
         except (av.error.FFmpegError, IndexError) as exc:
             raise DecodeError(f"{where}: video does not decode: {exc}") from exc
-        _check_count(len(spans) - skip_frames, length, where)
+        _check_count(len(spans) - skip_frames - tail_frames, length, where)
         span_array = np.asarray(spans, dtype=np.int64).reshape(-1, 2)
         if span_array.size and (
             span_array.min() < 0 or (span_array[:, 0] + span_array[:, 1]).max() > len(data)
@@ -107,7 +109,8 @@ class Video:
         # Kept as lists: the decode threads look these up per GOP, holding the GIL.
         self._spans = span_array.tolist()
         self._pts = pts
-        # Episode position of each packet (decode order): its rank in presentation order.
+        # Episode position of each packet (decode order): its rank in presentation order;
+        # the skipped frames are at negative positions, the tail at ``length`` and beyond.
         rank = np.empty(len(pts), dtype=np.int64)
         rank[np.argsort(np.asarray(pts, dtype=np.int64), kind="stable")] = np.arange(len(pts))
         position = rank - skip_frames
@@ -116,7 +119,7 @@ class Video:
         # of each episode position, and the packet range of each GOP.
         keys[0] = True  # a cut starts at a keyframe
         gop_of_packet = np.cumsum(np.asarray(keys, dtype=np.int64)) - 1
-        packet_of = np.argsort(position, kind="stable")[skip_frames:]
+        packet_of = np.argsort(position, kind="stable")[skip_frames : skip_frames + length]
         self._gop_of = gop_of_packet[packet_of].tolist()
         self._bounds = np.append(np.flatnonzero(keys), len(pts)).tolist()
         self._torchcodec = None
@@ -130,9 +133,10 @@ class Video:
 
     def gop_positions(self, position: int) -> list[int]:
         """The episode positions of the frames in the GOP holding ``position``, in decode order
-        (the skipped leading frames left out)."""
+        (the skipped leading frames and the tail left out)."""
         g = self.gop_of(position)
-        return [p for p in self._position[self._bounds[g] : self._bounds[g + 1]] if p >= 0]
+        gop = self._position[self._bounds[g] : self._bounds[g + 1]]
+        return [p for p in gop if 0 <= p < self.length]
 
     def decode(self, position: int, keep: Collection[int] = (), rgb: bool = True) -> dict[int, Any]:
         """Frame ``position`` and the frames ``keep`` of its GOP, by episode position: uint8
@@ -188,7 +192,7 @@ class Video:
         return frames
 
     def _decode_torchcodec(self, first: int, stop: int) -> dict[int, torch.Tensor]:
-        positions = sorted(p for p in self._position[first:stop] if p >= 0)
+        positions = sorted(p for p in self._position[first:stop] if 0 <= p < self.length)
         if not positions:
             return {}
         lo, hi = positions[0] + self.skip, positions[-1] + self.skip + 1

@@ -238,6 +238,7 @@ def load_episode(
             member(video_member(episode_index, key)),
             length=length,
             skip_frames=camera.skip_frames,
+            tail_frames=camera.tail_frames,
             backend=backend,
             where=f"{where} camera {key}",
         )

@@ -16,6 +16,10 @@ rules (``LeRobotDataset.save_episode`` then ``finalize``):
 - v2.1: one parquet and one mp4 per camera per episode, ``meta/episodes.jsonl``,
   ``meta/tasks.jsonl``, ``meta/episodes_stats.jsonl`` and ``meta/info.json``.
 
+Two options go beyond what LeRobot writes, for datasets from other recorders: ``encoder`` (say a
+long GOP with B-frames) and ``continuous_video`` (v3.0: each camera one recording of every
+episode back to back, so episodes start mid-GOP).
+
 Frame content and tabular values are pure functions of the indices (see ``content``), so the
 same arguments give the same items in both versions.
 """
@@ -30,6 +34,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -87,6 +92,8 @@ def make_dataset(
     content: str = "blocks",
     seed: int = 0,
     video_variants: int | None = None,
+    encoder: vid.Encoder = vid.LEROBOT,
+    continuous_video: bool = False,
 ) -> Path:
     """Write a LeRobot dataset at ``root`` (which must not exist or be empty) and return its path.
 
@@ -99,6 +106,12 @@ def make_dataset(
     take hours): episodes of equal length and equal ``episode % k`` share one encoding per
     camera, showing the frames of the first of them (and their statistics say so). Sizes and
     decoding costs stay those of distinct recordings; frames no longer follow ``episode``.
+
+    ``encoder`` sets codec, GOP and options (LeRobot's by default). ``continuous_video=True``
+    (v3.0) records each camera as one continuous video, every episode's frames encoded back to
+    back by one encoder into ``file-000.mp4``, ``from_timestamp`` the running float sum of the
+    episodes' durations: with a GOP longer than an episode, most episodes start mid-GOP and
+    end inside one, which LeRobot's per-episode encoding never does.
     """
     root = Path(root)
     if root.exists() and (not root.is_dir() or any(root.iterdir())):
@@ -107,6 +120,8 @@ def make_dataset(
         raise ValueError(f"unknown LeRobot version {version!r}; expected v3.0 or v2.1")
     if video_variants is not None and (video_variants < 1 or version != "v3.0"):
         raise ValueError(f"video_variants must be a positive int with v3.0, got {video_variants}")
+    if continuous_video and (version != "v3.0" or not video or video_variants is not None):
+        raise ValueError("continuous_video needs v3.0 video, without video_variants")
     if content not in CONTENTS:
         raise ValueError(f"unknown frame content {content!r}; expected one of {CONTENTS}")
     lengths = [int(n) for n in episode_lengths]
@@ -138,6 +153,8 @@ def make_dataset(
         content=content,
         seed=int(seed),
         video_variants=video_variants,
+        encoder=encoder,
+        continuous_video=bool(continuous_video),
     )
     root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=root, prefix=".factory-") as scratch:
@@ -169,6 +186,8 @@ class _Spec:
     content: str
     seed: int
     video_variants: int | None
+    encoder: vid.Encoder
+    continuous_video: bool
 
     def frames(self, episode: int, camera: str, sampler: st.Sampler) -> Iterator[np.ndarray]:
         """The camera's frames for this episode, showing each to ``sampler`` for statistics."""
@@ -416,6 +435,31 @@ class _VideoFiles:
         self.pending, self.pending_bytes = [], 0
 
 
+class _Recording:
+    """videos/<camera>/chunk-000/file-000.mp4 as one continuous recording (``continuous_video``):
+    one encoder writes every episode's frames back to back, so GOPs run across episodes."""
+
+    def __init__(self, spec: _Spec, key: str, stack: ExitStack) -> None:
+        self.key = key
+        path = spec.root / V30_VIDEO_PATH.format(video_key=key, chunk_index=0, file_index=0)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.recorder = stack.enter_context(vid.Recorder(path, spec.fps, spec.encoder))
+        self.fps = spec.fps
+        self.to_timestamp = 0.0
+
+    def add(self, frames: Iterator[np.ndarray], length: int) -> dict[str, Any]:
+        start = self.to_timestamp
+        self.recorder.write(frames)
+        self.to_timestamp = start + length / self.fps  # a float sum, as LeRobot keeps it
+        prefix = f"videos/{self.key}"
+        return {
+            f"{prefix}/chunk_index": 0,
+            f"{prefix}/file_index": 0,
+            f"{prefix}/from_timestamp": start,
+            f"{prefix}/to_timestamp": self.to_timestamp,
+        }
+
+
 class _EpisodeFiles:
     """meta/episodes/chunk-XXX/file-XXX.parquet, buffered and rolled over as LeRobot does."""
 
@@ -494,7 +538,7 @@ class _Encodings:
     def write(self, episode: int, camera: str, sampler: st.Sampler, dest: Path) -> None:
         spec = self.spec
         if spec.video_variants is None:
-            vid.encode_episode(spec.frames(episode, camera, sampler), dest, spec.fps)
+            vid.encode_episode(spec.frames(episode, camera, sampler), dest, spec.fps, spec.encoder)
             return
         variant = (camera, spec.lengths[episode], episode % spec.video_variants)
         if variant in self.made:
@@ -502,17 +546,28 @@ class _Encodings:
             sampler.kept = list(first.kept)  # equal lengths: the same frames picked
             shutil.copyfile(path, dest)
             return
-        vid.encode_episode(spec.frames(episode, camera, sampler), dest, spec.fps)
+        vid.encode_episode(spec.frames(episode, camera, sampler), dest, spec.fps, spec.encoder)
         kept = self.scratch / f"variant-{len(self.made)}.mp4"
         shutil.copyfile(dest, kept)
         self.made[variant] = (kept, sampler)
 
 
 def _write_v30(spec: _Spec, scratch: Path) -> None:
-    features = _features(spec)
+    with ExitStack() as stack:  # continuous recordings are finished when it closes
+        recordings = {
+            key: _Recording(spec, key, stack) for key in spec.cameras if spec.continuous_video
+        }
+        total = _write_v30_episodes(spec, scratch, recordings)
+    _write_v30_meta(spec, total)
+
+
+def _write_v30_episodes(
+    spec: _Spec, scratch: Path, recordings: Mapping[str, _Recording]
+) -> dict[str, st.Stats]:
+    """Rows, videos and meta/episodes of every episode; returns the dataset's statistics."""
     schema = _row_schema(spec, fingerprint="")
     data = _DataFiles(spec)
-    videos = {key: _VideoFiles(spec, key) for key in spec.cameras} if spec.video else {}
+    videos = {} if recordings or not spec.video else {k: _VideoFiles(spec, k) for k in spec.cameras}
     episodes = _EpisodeFiles(spec)
     encodings = _Encodings(spec, scratch)
     total: dict[str, st.Stats] | None = None
@@ -525,6 +580,9 @@ def _write_v30(spec: _Spec, scratch: Path) -> None:
         samplers = _samplers(spec, episode)
         rows = _rows(spec, episode, schema, samplers)
         record.update(data.write(episode, rows))
+        for key, recording in recordings.items():
+            frames = spec.frames(episode, key, samplers[key])
+            record.update(recording.add(frames, spec.lengths[episode]))
         for key, files in videos.items():
             tmp = scratch / f"{key}_{episode:06d}.mp4"
             encodings.write(episode, key, samplers[key], tmp)
@@ -541,16 +599,22 @@ def _write_v30(spec: _Spec, scratch: Path) -> None:
     episodes.close()
     for files in videos.values():
         files.flush()
-    for key in videos:
+    return total
+
+
+def _write_v30_meta(spec: _Spec, total: dict[str, st.Stats]) -> None:
+    """meta/info.json, meta/stats.json and meta/tasks.parquet, once the videos are written."""
+    features = _features(spec)
+    for key in spec.cameras if spec.video else ():
         first = spec.root / V30_VIDEO_PATH.format(video_key=key, chunk_index=0, file_index=0)
         features[key]["info"] = {
             **_probe_video(first),
-            "video.g": vid.GOP,
-            "video.crf": vid.CRF,
-            "video.preset": vid.PRESET,
+            "video.g": spec.encoder.gop,
+            "video.crf": spec.encoder.crf,
+            "video.preset": spec.encoder.preset,
             "video.fast_decode": 0,
             "video.video_backend": "pyav",
-            "video.extra_options": {},
+            "video.extra_options": dict(spec.encoder.extra),
             "is_depth_map": False,
         }
     write_tasks_parquet(spec.root, spec.task_index)
@@ -641,7 +705,8 @@ def _write_v21(spec: _Spec) -> None:
                     episode_chunk=chunk, video_key=key, episode_index=episode
                 )
                 mp4.parent.mkdir(parents=True, exist_ok=True)
-                vid.encode_episode(spec.frames(episode, key, samplers[key]), mp4, spec.fps)
+                frames = spec.frames(episode, key, samplers[key])
+                vid.encode_episode(frames, mp4, spec.fps, spec.encoder)
         ep_stats = _episode_stats(spec, rows, samplers)
         episodes_rows.append(
             {"episode_index": episode, "tasks": [spec.tasks[episode]], "length": len(rows)}

@@ -4,6 +4,9 @@ Each episode is encoded on its own (libsvtav1, yuv420p, GOP 2, crf 30, preset 12
 LeRobot then moves it into place as a new file or concatenates it onto the camera's current file
 without re-encoding (``concatenate``, which its ``aggregate_datasets`` uses on whole files too),
 so the decoded pixels of an episode are identical wherever it lands.
+
+Other :class:`Encoder` settings (a long GOP, B-frames) serve tests of what LeRobot does not write
+itself but datasets made by other recorders hold: episodes that start mid-GOP.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import av
@@ -29,27 +33,77 @@ narrower than this."""
 os.environ.setdefault("SVT_LOG", "1")
 
 
-def encode_episode(frames: Iterable[np.ndarray], path: Path, fps: int) -> None:
-    """Encode HWC uint8 RGB frames to an AV1 mp4 at ``path`` with LeRobot's default settings."""
-    options = {"g": str(GOP), "crf": str(CRF), "preset": str(PRESET)}
-    with av.open(str(path), "w") as out:
-        stream = out.add_stream(CODEC, rate=fps, options=options)
-        stream.pix_fmt = PIX_FMT
-        count = 0
+@dataclass(frozen=True)
+class Encoder:
+    """Encoder settings; the defaults are LeRobot's. ``extra`` holds further FFmpeg options."""
+
+    codec: str = CODEC
+    gop: int = GOP
+    crf: int = CRF
+    preset: int | str = PRESET
+    extra: tuple[tuple[str, str], ...] = ()
+
+    def options(self) -> dict[str, str]:
+        base = {"g": str(self.gop), "crf": str(self.crf), "preset": str(self.preset)}
+        return {**base, **dict(self.extra)}
+
+
+LEROBOT = Encoder()
+H264_LONG_GOP = Encoder(
+    "libx264",
+    gop=30,
+    crf=23,
+    preset="medium",
+    # 3 B-frames (pyramid): decode order differs from presentation order. No scene-cut
+    # keyframes and closed GOPs: a keyframe exactly every 30 frames.
+    extra=(("bf", "3"), ("x264-params", "scenecut=0:open-gop=0")),
+)
+"""H.264 with GOP 30 and B-frames: LeRobot never writes it, other recorders do."""
+
+
+class Recorder:
+    """An mp4 encoded frame by frame, finished (encoder drained) when the ``with`` block ends."""
+
+    def __init__(self, path: Path, fps: int, encoder: Encoder = LEROBOT) -> None:
+        self.path, self.encoder = path, encoder
+        self.out = av.open(str(path), "w")
+        self.stream = self.out.add_stream(encoder.codec, rate=fps, options=encoder.options())
+        self.stream.pix_fmt = PIX_FMT
+        self.count = 0
+
+    def write(self, frames: Iterable[np.ndarray]) -> None:
+        """Encode HWC uint8 RGB frames."""
         for image in frames:
-            if count == 0:
-                if image.shape[1] < MIN_WIDTH:
+            if self.count == 0:
+                if self.encoder.codec == "libsvtav1" and image.shape[1] < MIN_WIDTH:
                     raise ValueError(
-                        f"{path}: frames {image.shape[1]} pixels wide are too narrow to encode; "
-                        f"use at least {MIN_WIDTH}"
+                        f"{self.path}: frames {image.shape[1]} pixels wide are too narrow to "
+                        f"encode; use at least {MIN_WIDTH}"
                     )
-                stream.height, stream.width = image.shape[:2]
+                self.stream.height, self.stream.width = image.shape[:2]
             frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(image), format="rgb24")
-            out.mux(stream.encode(frame))
-            count += 1
-        if count == 0:
-            raise ValueError(f"no frames to encode into {path}")
-        out.mux(stream.encode(None))
+            self.out.mux(self.stream.encode(frame))
+            self.count += 1
+
+    def __enter__(self) -> Recorder:
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        try:
+            if exc_type is None:
+                if self.count == 0:
+                    raise ValueError(f"no frames to encode into {self.path}")
+                self.out.mux(self.stream.encode(None))
+        finally:
+            self.out.close()
+
+
+def encode_episode(
+    frames: Iterable[np.ndarray], path: Path, fps: int, encoder: Encoder = LEROBOT
+) -> None:
+    """Encode HWC uint8 RGB frames to an mp4 at ``path`` (LeRobot's settings by default)."""
+    with Recorder(path, fps, encoder) as recorder:
+        recorder.write(frames)
 
 
 def duration_s(path: Path) -> float:
