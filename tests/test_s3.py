@@ -139,7 +139,7 @@ def test_conversion_to_s3_killed_midway_resumes_and_completes(
 ) -> None:
     """A real ``lerobot-shards convert`` to S3 (credentials and endpoint from the environment,
     as users run it), SIGKILLed after a few episodes; the rerun finishes the rest."""
-    episodes = 16
+    episodes = 48  # enough that the kill lands mid-run even when this machine is slow to poll
     src = make_dataset(
         tmp_path / "src",
         episode_lengths=[3] * episodes,
