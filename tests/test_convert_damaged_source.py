@@ -1,6 +1,6 @@
 """A damaged source mp4: errors name the episode, the camera and the file and say what is wrong;
-what the converter checks of the bitstream (each cut's first frame decodes) and what is left to
-``verify --deep``."""
+what the converter checks of the bitstream (with ``decode_check``, each cut's first frame decodes)
+and what is left to ``verify --deep``."""
 
 from __future__ import annotations
 
@@ -9,8 +9,10 @@ from pathlib import Path
 
 import av
 import pytest
+from click.testing import CliRunner
 
 from lerobot_shards import convert
+from lerobot_shards.cli import main
 from lerobot_shards.converter.check import verify_dataset
 from lerobot_shards.converter.run import ConvertError
 from lerobot_shards.source import open_source
@@ -51,9 +53,11 @@ def flip(path: Path, start: int, stop: int) -> None:
     path.write_bytes(bytes(data))
 
 
-def expect_named_error(source: str, episode: int, video: Path, tmp_path: Path, what: str) -> None:
+def expect_named_error(
+    source: str, episode: int, video: Path, tmp_path: Path, what: str, decode_check: bool = False
+) -> None:
     with pytest.raises(ConvertError) as err:
-        convert(source, str(tmp_path / "out"), workers=0, progress=False)
+        convert(source, str(tmp_path / "out"), workers=0, progress=False, decode_check=decode_check)
     message = str(err.value)
     assert message.startswith(f"episode {episode} camera {CAMERA} (")
     assert str(video.relative_to(video.parents[3])) in message
@@ -85,12 +89,18 @@ def test_a_damaged_frame_after_the_keyframe_fails_the_conversion(source: Path, t
     expect_named_error(str(source), episode, video, tmp_path, "cannot be read back")
 
 
-def test_a_damaged_keyframe_fails_the_conversion(source: Path, tmp_path: Path):
+def test_with_the_decode_check_a_damaged_keyframe_fails_the_conversion(
+    source: Path, tmp_path: Path
+):
     episode, video = first_episode_of_a_file(source)
     pos, size, key = packets(video)[0]
     assert key
     flip(video, pos + size // 4, pos + size)
-    expect_named_error(str(source), episode, video, tmp_path, "first frame that does not decode")
+    what = "first frame that does not decode"
+    expect_named_error(str(source), episode, video, tmp_path, what, decode_check=True)
+    args = ["convert", str(source), str(tmp_path / "cli"), "--workers", "0", "--decode-check"]
+    result = CliRunner().invoke(main, [*args, "--no-progress"])
+    assert result.exit_code == 1 and what in result.output
 
 
 def test_damage_past_the_first_frame_is_left_to_verify_deep(source: Path, tmp_path: Path):
@@ -108,15 +118,16 @@ def test_damage_past_the_first_frame_is_left_to_verify_deep(source: Path, tmp_pa
     assert CAMERA in str(problems[0])
 
 
-def test_without_the_decode_check_a_damaged_keyframe_passes_and_the_summary_says_so(
-    source: Path, tmp_path: Path
-):
+def test_by_default_a_damaged_keyframe_passes_and_the_summary_says_so(source: Path, tmp_path: Path):
     episode, video = first_episode_of_a_file(source)
     pos, size, _ = packets(video)[0]
     flip(video, pos + size // 4, pos + size)
     dest = tmp_path / "out"
-    summary = convert(str(source), str(dest), workers=0, progress=False, decode_check=False)
+    summary = convert(str(source), str(dest), workers=0, progress=False)
     assert "checked: frame counts and timestamps, no frame decoded" in summary.line()
     assert [p.episode_index for p in verify_dataset(str(dest), deep=True)] == [episode]
-    fine = convert(str(source), str(tmp_path / "other"), episodes=[0], workers=0, progress=False)
+    other = tmp_path / "other"
+    fine = convert(
+        str(source), str(other), episodes=[0], workers=0, progress=False, decode_check=True
+    )
     assert "each cut's first frame decoded (verify --deep decodes all)" in fine.line()

@@ -72,7 +72,7 @@ class JobArgs:
     tolerance_s: float
     run_id: str
     """Unique per ``convert()`` call: a long-lived worker reopens the source for a new run."""
-    decode_check: bool = True
+    decode_check: bool = False
     """Decode each cut's first frame (``cut``)."""
 
 

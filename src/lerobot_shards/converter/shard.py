@@ -126,7 +126,7 @@ def episode_members(
     tolerance_s: float,
     videos: SourceVideos,
     then: Sequence[int] = (),
-    decode_check: bool = True,
+    decode_check: bool = False,
 ) -> tuple[EpisodeHeader, list[tuple[str, bytes]]]:
     """The episode's header and its members as ``(extension, bytes)``, in tar order.
 
@@ -210,7 +210,7 @@ def write_episode_shard(
     videos: SourceVideos,
     then: Sequence[int] = (),
     run_id: str = "",
-    decode_check: bool = True,
+    decode_check: bool = False,
 ) -> ManifestRow:
     """Convert one episode into ``root/shards/CCC/episode-EEEEEE.tar`` and return its row
     (``then``, ``decode_check``: see ``episode_members``; ``run_id`` goes into the temporary
