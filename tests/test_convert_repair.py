@@ -59,6 +59,23 @@ def test_rerun_redoes_a_shard_with_a_flipped_byte(
     assert dataset_files(tmp_path) == clean
 
 
+def test_trust_finished_keeps_a_same_size_shard_and_redoes_a_truncated_one(
+    golden_dir: Path, tmp_path: Path
+):
+    """``trust_finished`` checks sizes only: a flipped byte stays (verify finds it), a shard
+    that lost bytes is redone."""
+    src = str(golden_dir / AV1)
+    convert(src, str(tmp_path), workers=0, progress=False)
+    flipped, truncated = tmp_path / shard_path(3), tmp_path / shard_path(1)
+    data = bytearray(flipped.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    flipped.write_bytes(bytes(data))
+    truncated.write_bytes(truncated.read_bytes()[:-1])
+    again = convert(src, str(tmp_path), workers=0, progress=False, trust_finished=True)
+    assert (again.episodes, again.converted) == (6, 1)
+    assert [p.episode_index for p in verify_dataset(str(tmp_path))] == [3]
+
+
 def test_rerun_of_a_finished_dataset_writes_nothing(golden_dir: Path, tmp_path: Path):
     src = str(golden_dir / AV1)
     convert(src, str(tmp_path), workers=0, progress=False)

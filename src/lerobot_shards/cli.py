@@ -74,6 +74,12 @@ def main() -> None:
     "episodes per worker, or with Ray twice the cluster's CPUs).",
 )
 @click.option(
+    "--trust-finished",
+    is_flag=True,
+    help="On a rerun, keep finished shards that have their recorded size without reading them "
+    "to check their checksums (a resume on object storage otherwise downloads them).",
+)
+@click.option(
     "--decode-check",
     is_flag=True,
     help="Also decode each cut's first frame, catching damaged source keyframes at conversion "
@@ -82,7 +88,7 @@ def main() -> None:
 def convert(
     source: str, dest: str, episodes: str | None, workers: int | None, overwrite: bool,
     no_progress: bool, executor: str, ray_address: str | None, max_in_flight: int | None,
-    decode_check: bool,
+    trust_finished: bool, decode_check: bool,
 ) -> None:  # fmt: skip
     """Convert the LeRobot dataset at SOURCE into shards at DEST (paths or fsspec URLs).
 
@@ -110,6 +116,7 @@ def convert(
             ray_address=ray_address,
             max_in_flight=max_in_flight,
             decode_check=decode_check,
+            trust_finished=trust_finished,
         )
     except (ConvertError, SourceError) as exc:
         raise click.ClickException(str(exc)) from exc

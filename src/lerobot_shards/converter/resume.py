@@ -28,10 +28,10 @@ two per core (hashlib and file reads release the GIL)."""
 
 
 def finished_rows(
-    fs: fsspec.AbstractFileSystem, root: str, selected: list[int]
+    fs: fsspec.AbstractFileSystem, root: str, selected: list[int], hashed: bool = True
 ) -> dict[int, ManifestRow]:
     """Rows of the selected episodes already done: a record exists and its shard has the
-    recorded size and checksum."""
+    recorded size and (if ``hashed``) checksum."""
     records = read_records(fs, root)
     shards_dir = join(root, SHARDS_DIR)
     if not records or not fs.exists(shards_dir):
@@ -45,6 +45,8 @@ def finished_rows(
         for i in selected
         if (row := records.get(i)) is not None and sizes.get(row.shard) == row.size
     ]
+    if not hashed:
+        return {row.episode_index: row for row in sized}
     local = isinstance(fs, LocalFileSystem)
     workers = min(THREADS, 2 * (os.cpu_count() or 1)) if local else THREADS
     with ThreadPoolExecutor(workers) as pool:

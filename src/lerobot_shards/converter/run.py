@@ -116,11 +116,15 @@ def convert(
     ray_address: str | None = None,
     max_in_flight: int | None = None,
     decode_check: bool = False,
+    trust_finished: bool = False,
 ) -> ConvertSummary:
     """Convert a LeRobot dataset (v3.0 or v2.1) at ``source`` into shards at ``dest``.
 
-    Reruns resume: only missing or broken episodes are converted. ``overwrite`` deletes
-    ``dest`` first; without it, a destination holding another conversion is refused.
+    Reruns resume: only missing or broken episodes are converted. A finished shard is kept if
+    it still has its recorded size and checksum, which reads it once; ``trust_finished`` checks
+    the size only (for a resume on object storage, where reading means downloading).
+    ``overwrite`` deletes ``dest`` first; without it, a destination holding another conversion
+    is refused.
 
     ``executor="local"``: ``workers`` processes, default the CPU count; 0 or 1 converts in this
     process (also forced for ``memory://`` paths, whose contents live in one process).
@@ -172,7 +176,7 @@ def convert(
     with acquire_lock(fs, root, str(dest), args.run_id) as lock:
         try:
             _prepare_dest(fs, root, options, overwrite)
-            done = finished_rows(fs, root, selected)
+            done = finished_rows(fs, root, selected, hashed=not trust_finished)
             todo = [i for i in selected if i not in done]
             if executor == "ray":
                 from lerobot_shards.converter.ray_executor import run_ray
