@@ -1,14 +1,16 @@
 """The fault-injecting proxy itself, and what s3fs does with the faults it injects.
 
-These pin down the test tool (each fault is what it says, seeded, stoppable) and the retry
-behaviour the reader builds on: through 20% faults s3fs reads still succeed; with every request
-failing a read fails in bounded time.
+These pin down the test tool (each fault is what it says, seeded, stoppable), the retry
+behaviour the reader builds on (through 20% faults s3fs reads still succeed; with every request
+failing a read fails in bounded time), and the reader's own retries: with every layer below
+them off, they alone carry whole epochs through 20% faults, torn bodies and stalls included.
 """
 
 from __future__ import annotations
 
 import gc
 import http.client
+import logging
 import multiprocessing
 import os
 import socket
@@ -22,7 +24,7 @@ import pytest
 import s3fs
 import torch
 from botocore.exceptions import BotoCoreError
-from fault_proxy import FAULT_KINDS, FaultProxy
+from fault_proxy import ALL_FAULT_KINDS, FAULT_KINDS, FaultProxy
 from support.s3 import S3Bucket, S3Server
 from torch.utils.data import DataLoader
 
@@ -98,6 +100,39 @@ def test_each_fault_is_what_it_says(s3_bucket: S3Bucket, blob, blob_url, kind: s
         assert status == int(kind)
         assert b"<Error><Code>" in body
     assert [r.fault for r in s3_bucket.proxy.log] == [kind]
+
+
+def test_a_torn_body_has_the_length_and_not_the_bytes(s3_bucket: S3Bucket, blob, blob_url):
+    _, data = blob
+    s3_bucket.proxy.set_faults(1.0, kinds=["torn"])
+    bodies = [_get(s3_bucket.proxy, blob_url) for _ in range(2)]
+    for status, body in bodies:
+        assert status == 200
+        assert len(body) == len(data)
+        assert body[: len(data) // 2] == data[: len(data) // 2]
+        half = len(data) // 2
+        assert all(a != b for a, b in zip(body[half:], data[half:], strict=True))
+    assert bodies[0] != bodies[1], "two torn reads of the same range should differ"
+    assert [r.fault for r in s3_bucket.proxy.log] == ["torn"] * 2
+
+
+def test_a_stall_answers_nothing_then_closes(s3_bucket: S3Bucket, blob_url) -> None:
+    s3_bucket.proxy.set_faults(1.0, kinds=["stall"])
+    s3_bucket.proxy.stall_s = 0.5
+    try:
+        started = time.monotonic()
+        with pytest.raises(http.client.RemoteDisconnected):
+            _get(s3_bucket.proxy, blob_url)
+        assert time.monotonic() - started >= 0.5
+    finally:
+        s3_bucket.proxy.stall_s = 2.0
+    assert [r.fault for r in s3_bucket.proxy.log] == ["stall"]
+
+
+def test_faults_can_target_paths(s3_bucket: S3Bucket, blob, blob_url) -> None:
+    _, data = blob
+    s3_bucket.proxy.set_faults(1.0, path_contains="/shards/")
+    assert _get(s3_bucket.proxy, blob_url) == (200, data)
 
 
 def test_faults_are_seeded(s3_bucket: S3Bucket, blob_url) -> None:
@@ -267,3 +302,92 @@ def test_reader_gives_up_in_bounded_time_naming_shard_and_episode(
     assert not [p for p in left if p.is_alive()], "a DataLoader worker is still running"
     fetchers = [t for t in set(threading.enumerate()) - threads if "lerobot-shards" in t.name]
     assert not fetchers, fetchers
+
+
+# ------------------------------------------------- the reader's own retries, alone
+
+# What each fault looks like in the reader's retry warnings.
+_CAUSES = {
+    "torn": "checksum mismatch",
+    "500": "internal error",
+    "503": "reduce your request rate",
+    "stall": "ReadTimeoutError",
+    "short": "ContentLengthError",
+}
+
+
+def _cause(message: str) -> str:
+    found = [kind for kind, text in _CAUSES.items() if text in message]
+    return found[0] if len(found) == 1 else f"other: {message}"
+
+
+@pytest.fixture
+def readers_retries_only(s3_av1: tuple[S3Bucket, str], monkeypatch: pytest.MonkeyPatch) -> dict:
+    """The README's storage options (botocore's retries off) with 1 s timeouts, and s3fs's
+    own retry loop off too (it has no option for it: ``S3FileSystem.retries``, a class
+    attribute, 5), in this process. Left below the reader: aiohttp's one resend of a request
+    whose reused keep-alive connection was reset before any answer."""
+    bucket, _ = s3_av1
+    monkeypatch.setattr(s3fs.S3FileSystem, "retries", 1)
+    monkeypatch.setattr(bucket.proxy, "stall_s", 1.5)
+    config = {"retries": {"total_max_attempts": 1}, "read_timeout": 1, "connect_timeout": 1}
+    return {**bucket.storage_options, "config_kwargs": config}
+
+
+def test_the_readers_own_retries_carry_epochs_through_twenty_percent_faults(
+    s3_av1: tuple[S3Bucket, str], readers_retries_only: dict, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Only the reader retries. Opening the dataset through 20% faults (seeded), then 3 epochs
+    through 20% faults of every kind on the shard reads, torn bodies and stalls included: the
+    same items in the same order as without faults. Every fault but a reset (aiohttp resends
+    those) is one retry of the reader's, by cause: nothing below it retried."""
+    bucket, url = s3_av1
+    proxy = bucket.proxy
+    options = readers_retries_only
+    epochs = 3
+    proxy.set_faults(0.0)
+    clean = _epochs(ShardedLeRobotDataset(url, storage_options=options, seed=3), 0, epochs)
+    for epoch in clean:
+        assert sorted(int(i["index"]) for i in epoch) == list(range(FRAMES))
+
+    caplog.set_level(logging.WARNING, logger="lerobot_shards.reader.fetch")
+    # Seed 2 breaks three of the five metadata reads: a 500, a short body and a stall.
+    proxy.set_faults(0.2, seed=2, kinds=[*FAULT_KINDS, "stall"])
+    proxy.clear()
+    ds = ShardedLeRobotDataset(url, storage_options=options, seed=3)
+    faults = Counter(r.fault for r in proxy.log if r.fault)
+    retries = Counter(_cause(r.getMessage()) for r in caplog.records)
+    assert faults == retries == Counter({"500": 1, "short": 1, "stall": 1}), (faults, retries)
+
+    # Seed 0 breaks shard reads with every kind of fault over the 3 epochs.
+    proxy.set_faults(0.2, seed=0, kinds=ALL_FAULT_KINDS, path_contains="/shards/")
+    proxy.clear()
+    caplog.clear()
+    faulty = _epochs(ds, 0, epochs)
+    proxy.set_faults(0.0)
+    for got, want in zip(faulty, clean, strict=True):
+        _assert_same_items(got, want)
+    faults = Counter(r.fault for r in proxy.log if r.fault)
+    assert set(faults) == set(ALL_FAULT_KINDS), faults
+    assert all(r.fault or r.status == 206 for r in proxy.log)
+    retries = Counter(_cause(r.getMessage()) for r in caplog.records)
+    resets = faults.pop("reset")
+    assert retries == faults, (retries, faults, resets)
+
+
+@pytest.mark.parametrize("num_workers", WORKERS)
+def test_torn_reads_past_the_retries_name_shard_and_episode(
+    s3_av1: tuple[S3Bucket, str], readers_retries_only: dict, num_workers: int
+) -> None:
+    """Every shard read torn: the reader retries and then says which shard and episode, and
+    that its reads differed (torn, not a corrupt shard)."""
+    bucket, url = s3_av1
+    ds = ShardedLeRobotDataset(url, storage_options=readers_retries_only, seed=3)
+    ds.fetch_retries = 2
+    bucket.proxy.set_faults(1.0, kinds=["torn"], path_contains="/shards/")
+    bucket.proxy.clear()
+    where = rf"{AV1}/shards/000/episode-\d{{6}}\.tar \(episode \d\)"
+    with pytest.raises(ValueError, match=rf"{where}: checksum mismatch on 3 reads .*torn reads"):
+        _epochs(ds, num_workers, epochs=1)
+    bucket.proxy.set_faults(0.0)
+    assert {r.fault for r in bucket.proxy.log} == {"torn"}

@@ -30,7 +30,8 @@ class FlakyMemoryFS(MemoryFileSystem):
 
     Each entry of ``script`` is applied to one ``cat_file`` call, in order: an exception to
     raise, ``"short"`` to return half the bytes, ``"flip"`` to return the bytes with one bit
-    changed (a torn read). When the script runs out, reads are normal.
+    changed (the same each time: a corrupt shard), ``"torn"`` to change a different bit each
+    time (a torn read). When the script runs out, reads are normal.
     """
 
     protocol = "flakymem"
@@ -53,6 +54,9 @@ class FlakyMemoryFS(MemoryFileSystem):
             return data[: len(data) // 2]
         if step == "flip":
             return bytes([data[0] ^ 1]) + data[1:]
+        if step == "torn":  # a different byte each time
+            n = len(self.calls) % len(data)
+            return data[:n] + bytes([data[n] ^ 1]) + data[n + 1 :]
         return data
 
 
@@ -116,10 +120,37 @@ def test_torn_read_is_retried_once():
     assert len(fs.calls) == 2
 
 
+def test_torn_reads_are_retried_within_the_budget_and_logged(caplog):
+    fs = _fs("torn", ConnectionResetError("reset"), "torn", "torn")
+    with caplog.at_level("WARNING", logger="lerobot_shards.reader.fetch"):
+        assert read_span(fs, _span(), retries=4, backoff_s=0.001) == PAYLOAD[1024:5120]
+    assert len(fs.calls) == 5
+    retries = [r.getMessage() for r in caplog.records]
+    assert len(retries) == 4
+    assert all(m.startswith("/shards/000/episode-000003.tar (episode 3): ") for m in retries)
+    assert [m.split(": ", 1)[1].split(" (")[0].split(";")[0] for m in retries] == [
+        "checksum mismatch",
+        "ConnectionResetError('reset')",
+        "checksum mismatch",
+        "checksum mismatch",
+    ]
+    assert retries[-1].endswith("retry 4 of 4 in 0.01 s")
+
+
+def test_torn_reads_past_the_budget_name_shard_and_episode():
+    fs = _fs(*["torn"] * 10)
+    with pytest.raises(
+        ChecksumError,
+        match=r"episode-000003\.tar \(episode 3\): checksum mismatch on 4 reads .*torn reads",
+    ):
+        read_span(fs, _span(), retries=3, backoff_s=0.001)
+    assert len(fs.calls) == 4
+
+
 def test_checksum_mismatch_is_corruption():
     fs = _fs("flip", "flip", "flip")
     with pytest.raises(
-        ChecksumError, match=r"episode-000003\.tar \(episode 3\): checksum mismatch"
+        ChecksumError, match=r"episode-000003\.tar \(episode 3\): checksum mismatch.*corrupt"
     ):
         read_span(fs, _span())
     assert len(fs.calls) == 2
