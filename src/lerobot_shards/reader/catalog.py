@@ -22,7 +22,7 @@ import numpy as np
 from lerobot_shards.format import read_index
 from lerobot_shards.items import ItemSpec, delta_indices
 from lerobot_shards.reader.episode import Episode, load_episode
-from lerobot_shards.reader.fetch import read_span
+from lerobot_shards.reader.fetch import RetryingReads, read_span
 from lerobot_shards.reader.meta import DatasetMeta, Selection, read_meta
 
 OPEN_THREADS = 32
@@ -96,11 +96,10 @@ class Member:
         )
         self._fs, self.path = fsspec.core.url_to_fs(self.root, **self.storage_options)
         self._fs_pid = os.getpid()
-        index = read_index(self._fs, self.path)  # first: it says whether this is a dataset
-        self.selection = Selection.read(self._fs, self.path, source.episodes, self.root)
-        self.meta: DatasetMeta = read_meta(
-            self._fs, self.path, index, self.selection.manifest, self.root
-        )
+        fs = RetryingReads(self._fs)  # a flaky store fails small files too
+        index = read_index(fs, self.path)  # first: it says whether this is a dataset
+        self.selection = Selection.read(fs, self.path, source.episodes, self.root)
+        self.meta: DatasetMeta = read_meta(fs, self.path, index, self.selection.manifest, self.root)
         key_map = dict(source.key_map)
         unknown = sorted(set(key_map) - set(self.meta.features) - {"task"})
         if unknown:
