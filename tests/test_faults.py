@@ -17,6 +17,7 @@ import socket
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
@@ -391,3 +392,205 @@ def test_torn_reads_past_the_retries_name_shard_and_episode(
         _epochs(ds, num_workers, epochs=1)
     bucket.proxy.set_faults(0.0)
     assert {r.fault for r in bucket.proxy.log} == {"torn"}
+
+
+# ------------------------------------------------- the object store goes away mid-epoch
+
+
+class Gate:
+    """A proxy in front of the S3 server that goes away (``down``: its port refuses, open
+    connections close) and comes back on the same port (``up``): what a client sees of an
+    object store that restarts. The store's data stays, as a real store's does (moto's own
+    restart would lose it)."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream
+        self.proxy = FaultProxy(upstream).start()
+        self.port = _address(self.proxy)[1]
+        self.served: list = []
+        """The requests of each proxy that went down, in order."""
+
+    @property
+    def endpoint_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def down(self) -> None:
+        self.proxy.stop()
+        self.served.append(self.proxy.log)
+
+    def up(self) -> None:
+        self.proxy = FaultProxy(self.upstream, port=self.port).start()
+
+    def close(self) -> None:
+        self.proxy.stop()
+
+
+class _FirstRetry(logging.Handler):
+    """Sets ``seen`` at the reader's first retry warning."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.seen = threading.Event()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+        self.seen.set()
+
+
+@pytest.fixture
+def gate(s3_av1: tuple[S3Bucket, str]) -> Iterator[Gate]:
+    bucket, _ = s3_av1
+    gate = Gate(bucket.server.direct_endpoint_url)
+    yield gate
+    gate.close()
+
+
+@pytest.fixture
+def retry_warnings() -> Iterator[_FirstRetry]:
+    handler = _FirstRetry()
+    logger = logging.getLogger("lerobot_shards.reader.fetch")
+    logger.addHandler(handler)
+    yield handler
+    logger.removeHandler(handler)
+
+
+def _through(options: dict, endpoint_url: str) -> dict:
+    client = {**options["client_kwargs"], "endpoint_url": endpoint_url}
+    return {**options, "client_kwargs": client}
+
+
+OUTAGE = {"seed": 3, "buffer_size": 2}  # a small pool: episodes are fetched all epoch long
+
+
+def test_the_reader_retries_through_an_object_store_outage(
+    s3_av1: tuple[S3Bucket, str],
+    readers_retries_only: dict,
+    gate: Gate,
+    retry_warnings: _FirstRetry,
+) -> None:
+    """The store goes away after the first item and comes back 1 s after the reader's first
+    failed read, within its retries (8: 11 s of backoff): the epoch completes with the same
+    items in the same order as an epoch without the outage, and the episodes still to fetch
+    came from the store once it was back."""
+    bucket, url = s3_av1
+    bucket.proxy.set_faults(0.0)
+    clean = list(ShardedLeRobotDataset(url, storage_options=readers_retries_only, **OUTAGE))
+    assert sorted(int(i["index"]) for i in clean) == list(range(FRAMES))
+
+    ds = ShardedLeRobotDataset(
+        url, storage_options=_through(readers_retries_only, gate.endpoint_url), **OUTAGE
+    )
+    ds.fetch_retries = 8
+    got = []
+    restart = None
+    for item in ds:
+        got.append(item)
+        if restart is None:
+            gate.down()
+
+            def come_back() -> None:
+                retry_warnings.seen.wait(60)
+                time.sleep(1.0)
+                gate.up()
+
+            restart = threading.Thread(target=come_back, daemon=True)
+            restart.start()
+    restart.join(timeout=60)
+    _assert_same_items(got, clean)
+    refused = [m for m in retry_warnings.messages if "Could not connect" in m]
+    assert refused, retry_warnings.messages
+    assert all("/shards/" in m for m in retry_warnings.messages)
+    assert gate.proxy.requests("GET", path_contains="/shards/"), "nothing fetched after it"
+
+
+def test_an_outage_past_the_retries_fails_clearly_and_the_checkpoint_resumes_exactly(
+    s3_av1: tuple[S3Bucket, str],
+    readers_retries_only: dict,
+    gate: Gate,
+    retry_warnings: _FirstRetry,
+) -> None:
+    """The store goes away after the first item and stays away past the reader's retries
+    (2): the epoch fails with an error naming the shard and the episode. The store comes
+    back; a new reader loads the last checkpoint (``state_dict()`` every 8 items, as a
+    training loop saves one every few steps) and yields exactly the uninterrupted epoch's
+    tail from there, in order."""
+    bucket, url = s3_av1
+    bucket.proxy.set_faults(0.0)
+    clean = list(ShardedLeRobotDataset(url, storage_options=readers_retries_only, **OUTAGE))
+    options = _through(readers_retries_only, gate.endpoint_url)
+    ds = ShardedLeRobotDataset(url, storage_options=options, **OUTAGE)
+    ds.fetch_retries = 2
+    got: list[dict] = []
+    checkpoint = (0, ds.state_dict())
+    where = rf"{AV1}/shards/000/episode-\d{{6}}\.tar \(episode \d\)"
+    with pytest.raises(OSError, match=rf"{where}: reading bytes \d+\.\.\d+ failed 3 times"):
+        for item in ds:
+            got.append(item)
+            if len(got) == 1:
+                gate.down()
+            if len(got) % 8 == 0:
+                checkpoint = (len(got), ds.state_dict())
+    assert 0 < len(got) < FRAMES
+    _assert_same_items(got, clean[: len(got)])
+    taken, state = checkpoint
+    assert state["offset"] == taken and taken > 0
+
+    gate.up()  # the store is back: resume from the checkpoint, as a restarted job would
+    resumed = ShardedLeRobotDataset(url, storage_options=options, **OUTAGE)
+    resumed.load_state_dict(state)
+    _assert_same_items(list(resumed), clean[taken:])
+
+
+def test_an_outage_past_the_retries_in_dataloader_workers_resumes_exactly(
+    s3_av1: tuple[S3Bucket, str], gate: Gate
+) -> None:
+    """The same with 2 DataLoader workers (from the forkserver, s3fs's retries in place there:
+    the README's configuration) and batches of 4: the loader fails naming shard and episode;
+    a new ``ShardedDataLoader`` loads the last ``loader.state_dict()`` (every 2 batches) and
+    delivers exactly the uninterrupted run's remaining batches."""
+    from support.batches import assert_same_batch
+
+    from lerobot_shards import ShardedDataLoader
+
+    bucket, url = s3_av1
+    bucket.proxy.set_faults(0.0)
+    options = {
+        **bucket.storage_options,
+        "config_kwargs": {"retries": {"total_max_attempts": 1}, "read_timeout": 1},
+    }
+
+    def loader(storage_options: dict) -> ShardedDataLoader:
+        # One episode resident and none fetched ahead: each worker fetches all epoch long.
+        ds = ShardedLeRobotDataset(url, storage_options=storage_options, seed=3, buffer_size=1)
+        ds.prefetch_depth = 0
+        ds.fetch_retries = 2
+        return ShardedDataLoader(ds, batch_size=4, num_workers=2)
+
+    clean = list(loader(options))
+    assert sorted(int(i) for b in clean for i in b["index"]) == list(range(FRAMES))
+    through = _through(options, gate.endpoint_url)
+    interrupted = loader(through)
+    got: list[dict] = []
+    checkpoint = (0, interrupted.state_dict())
+    where = rf"{AV1}/shards/000/episode-\d{{6}}\.tar \(episode \d\)"
+    with pytest.raises(OSError, match=rf"{where}: reading bytes \d+\.\.\d+ failed 3 times"):
+        for batch in interrupted:
+            got.append(batch)
+            if len(got) == 1:
+                gate.down()
+            if len(got) % 2 == 0:
+                checkpoint = (len(got), interrupted.state_dict())
+    assert 0 < len(got) < len(clean)
+    for ours, theirs in zip(got, clean, strict=False):
+        assert_same_batch(ours, theirs)
+    taken, state = checkpoint
+    assert taken > 0
+
+    gate.up()
+    resumed = loader(through)
+    resumed.load_state_dict(state)
+    rest = list(resumed)
+    assert len(rest) == len(clean) - taken
+    for ours, theirs in zip(rest, clean[taken:], strict=True):
+        assert_same_batch(ours, theirs)
