@@ -319,6 +319,8 @@ _CAUSES = {
 
 def _cause(message: str) -> str:
     found = [kind for kind, text in _CAUSES.items() if text in message]
+    if not found and any(t in message for t in ("reset", "Disconnected", "ConnectionClosed")):
+        return "reset"
     return found[0] if len(found) == 1 else f"other: {message}"
 
 
@@ -341,7 +343,8 @@ def test_the_readers_own_retries_carry_epochs_through_twenty_percent_faults(
     """Only the reader retries. Opening the dataset through 20% faults (seeded), then 3 epochs
     through 20% faults of every kind on the shard reads, torn bodies and stalls included: the
     same items in the same order as without faults. Every fault but a reset (aiohttp resends
-    those) is one retry of the reader's, by cause: nothing below it retried."""
+    those on a reused connection) is one retry of the reader's, by cause: nothing below it
+    retried."""
     bucket, url = s3_av1
     proxy = bucket.proxy
     options = readers_retries_only
@@ -372,8 +375,9 @@ def test_the_readers_own_retries_carry_epochs_through_twenty_percent_faults(
     assert set(faults) == set(ALL_FAULT_KINDS), faults
     assert all(r.fault or r.status == 206 for r in proxy.log)
     retries = Counter(_cause(r.getMessage()) for r in caplog.records)
-    resets = faults.pop("reset")
-    assert retries == faults, (retries, faults, resets)
+    # aiohttp resends a request whose reused connection was reset before any answer (once)
+    assert retries.pop("reset", 0) <= faults.pop("reset")
+    assert retries == faults, (retries, faults)
 
 
 @pytest.mark.parametrize("num_workers", WORKERS)
