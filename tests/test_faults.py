@@ -307,6 +307,9 @@ def test_reader_gives_up_in_bounded_time_naming_shard_and_episode(
 
 # ------------------------------------------------- the reader's own retries, alone
 
+SEED_WORKERS = 0
+"""Breaks shard reads of 2 workers' 2 epochs with torn bodies and stalls among others."""
+
 # What each fault looks like in the reader's retry warnings.
 _CAUSES = {
     "torn": "checksum mismatch",
@@ -378,6 +381,31 @@ def test_the_readers_own_retries_carry_epochs_through_twenty_percent_faults(
     # aiohttp resends a request whose reused connection was reset before any answer (once)
     assert retries.pop("reset", 0) <= faults.pop("reset")
     assert retries == faults, (retries, faults)
+
+
+def test_readme_options_carry_dataloader_workers_through_torn_reads_and_stalls(
+    s3_av1: tuple[S3Bucket, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The README's options as users run them (botocore's retries off, s3fs's in place) in 2
+    DataLoader workers, through 20% faults of every kind on the shard reads: 2 epochs equal
+    the epochs without faults. Torn bodies pass s3fs and botocore: the reader's checksum
+    catches them and its retries read them again."""
+    bucket, url = s3_av1
+    proxy = bucket.proxy
+    monkeypatch.setattr(proxy, "stall_s", 1.5)
+    config = {"retries": {"total_max_attempts": 1}, "read_timeout": 1}
+    options = {**bucket.storage_options, "config_kwargs": config}
+    proxy.set_faults(0.0)
+    clean = _epochs(ShardedLeRobotDataset(url, storage_options=options, seed=3), 2)
+    ds = ShardedLeRobotDataset(url, storage_options=options, seed=3)
+    proxy.set_faults(0.2, seed=SEED_WORKERS, kinds=ALL_FAULT_KINDS, path_contains="/shards/")
+    proxy.clear()
+    faulty = _epochs(ds, 2)
+    proxy.set_faults(0.0)
+    for got, want in zip(faulty, clean, strict=True):
+        _assert_same_items(got, want)
+    faults = Counter(r.fault for r in proxy.log if r.fault)
+    assert {"torn", "stall"} <= set(faults), faults
 
 
 @pytest.mark.parametrize("num_workers", WORKERS)
