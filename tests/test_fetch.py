@@ -18,6 +18,7 @@ from lerobot_shards.reader.fetch import (
     ChecksumError,
     FetchError,
     Prefetcher,
+    RetryingReads,
     Span,
     read_span,
 )
@@ -145,6 +146,25 @@ def test_torn_reads_past_the_budget_name_shard_and_episode():
     ):
         read_span(fs, _span(), retries=3, backoff_s=0.001)
     assert len(fs.calls) == 4
+
+
+def test_metadata_reads_retry_each_read_on_its_own(caplog):
+    """Opening a dataset reads its small files through ``RetryingReads``: each read is retried
+    on transient errors (logged), a missing file is not retried, and past the retries the error
+    names the file."""
+    fs = _fs(ConnectionResetError("reset"), TimeoutError("slow"))
+    fs.pipe_file("/index.json", b"{}")
+    reads = RetryingReads(fs, retries=2)
+    with caplog.at_level("WARNING", logger="lerobot_shards.reader.fetch"):
+        assert reads.cat_file("/index.json", start=0) == b"{}"
+    assert [m.split(": ")[0] for m in caplog.messages] == ["/index.json"] * 2
+    assert reads.exists("/index.json")  # everything else is the filesystem's
+    with pytest.raises(FileNotFoundError):
+        reads.cat_file("/manifest.parquet", start=0)
+    fs.script = [ConnectionResetError("reset")] * 3
+    with pytest.raises(FetchError, match=r"^/index\.json: failed 3 times, last error: Conn"):
+        reads.cat_file("/index.json", start=0)
+    assert len(fs.calls) == 3 + 1 + 3
 
 
 def test_checksum_mismatch_is_corruption():
