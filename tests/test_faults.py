@@ -420,13 +420,25 @@ def test_torn_reads_past_the_retries_name_shard_and_episode(
     bucket.proxy.set_faults(1.0, kinds=["torn"], path_contains="/shards/")
     bucket.proxy.clear()
     where = rf"{AV1}/shards/000/episode-\d{{6}}\.tar \(episode \d\)"
+    children = set(multiprocessing.active_children())
     with pytest.raises(ValueError, match=rf"{where}: checksum mismatch on 3 reads .*torn reads"):
         _epochs(ds, num_workers, epochs=1)
+    _assert_no_worker_left(children)
     bucket.proxy.set_faults(0.0)
     assert {r.fault for r in bucket.proxy.log} == {"torn"}
 
 
 # ------------------------------------------------- the object store goes away mid-epoch
+
+
+def _assert_no_worker_left(before: set) -> None:
+    """Every DataLoader worker started since ``before`` has stopped (after the failed
+    iteration's traceback, which holds its iterator, is collected)."""
+    gc.collect()
+    left = [p for p in multiprocessing.active_children() if p not in before]
+    for p in left:
+        p.join(timeout=10)
+    assert not [p for p in left if p.is_alive()], "a DataLoader worker is still running"
 
 
 class Gate:
@@ -606,6 +618,7 @@ def test_an_outage_past_the_retries_in_dataloader_workers_resumes_exactly(
     got: list[dict] = []
     checkpoint = (0, interrupted.state_dict())
     where = rf"{AV1}/shards/000/episode-\d{{6}}\.tar \(episode \d\)"
+    children = set(multiprocessing.active_children())
     with pytest.raises(OSError, match=rf"{where}: reading bytes \d+\.\.\d+ failed 3 times"):
         for batch in interrupted:
             got.append(batch)
@@ -613,6 +626,7 @@ def test_an_outage_past_the_retries_in_dataloader_workers_resumes_exactly(
                 gate.down()
             if len(got) % 2 == 0:
                 checkpoint = (len(got), interrupted.state_dict())
+    _assert_no_worker_left(children)
     assert 0 < len(got) < len(clean)
     for ours, theirs in zip(got, clean, strict=False):
         assert_same_batch(ours, theirs)
