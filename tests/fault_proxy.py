@@ -4,8 +4,10 @@ It sits between an S3 client (s3fs) and a local S3 server (moto) and does two jo
 needs and the server cannot give: it records every request with the bytes it answered (so a
 test can count ranged reads), and on a chosen fraction of requests it breaks the exchange the
 way real networks do: a connection reset, a 500 or 503 answer, or a body cut short after a
-correct ``Content-Length``. The fault draw is seeded and keyed by the request, so a run is
-reproducible even with concurrent clients.
+correct ``Content-Length``; and, asked for by name, a *torn* body (the right length, wrong
+bytes: only a checksum notices) or a *stall* (no answer for ``stall_s`` seconds, then the
+connection closes: a client read timeout). The fault draw is seeded and keyed by the request,
+so a run is reproducible even with concurrent clients.
 """
 
 from __future__ import annotations
@@ -17,11 +19,17 @@ import socket
 import struct
 import sys
 import threading
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 FAULT_KINDS = ("reset", "500", "503", "short")
+"""The faults ``set_faults`` draws from by default: any client retries them."""
+EXTRA_FAULT_KINDS = ("torn", "stall")
+"""Faults drawn only when named: a torn body passes every layer but a checksum, and a stall
+costs the client its read timeout."""
+ALL_FAULT_KINDS = FAULT_KINDS + EXTRA_FAULT_KINDS
 
 # Headers that describe one hop of a connection; the proxy sets its own.
 _HOP_BY_HOP = {
@@ -73,7 +81,10 @@ class FaultProxy:
         self._rate = 0.0
         self._kinds: tuple[str, ...] = FAULT_KINDS
         self._methods: frozenset[str] | None = None
+        self._path_contains = ""
         self._seed = 0
+        self.stall_s = 2.0
+        """How long a ``stall`` fault holds the request before closing the connection."""
         self._attempts: dict[tuple[str, str, str | None], int] = {}
         self._clients: set[socket.socket] = set()
         self._server = _Server((host, port), _handler_for(self))
@@ -117,18 +128,23 @@ class FaultProxy:
         seed: int = 0,
         kinds: Iterable[str] = FAULT_KINDS,
         methods: Iterable[str] | None = None,
+        path_contains: str = "",
     ) -> None:
-        """Fail ``rate`` of the requests (of ``methods``, all if None) with one of ``kinds``."""
+        """Fail ``rate`` of the requests (of ``methods``, all if None, whose path contains
+        ``path_contains``) with one of ``kinds``."""
         kinds = tuple(kinds)
-        unknown = set(kinds) - set(FAULT_KINDS)
+        unknown = set(kinds) - set(ALL_FAULT_KINDS)
         if unknown or not kinds:
-            raise ValueError(f"fault kinds must be a non-empty subset of {FAULT_KINDS}: {kinds}")
+            raise ValueError(
+                f"fault kinds must be a non-empty subset of {ALL_FAULT_KINDS}: {kinds}"
+            )
         if not 0.0 <= rate <= 1.0:
             raise ValueError(f"fault rate must be in [0, 1], got {rate}")
         with self._lock:
             self._rate = rate
             self._kinds = kinds
             self._methods = None if methods is None else frozenset(m.upper() for m in methods)
+            self._path_contains = path_contains
             self._seed = seed
             self._attempts.clear()
 
@@ -155,16 +171,21 @@ class FaultProxy:
         """Total body bytes answered to the matching requests."""
         return sum(r.body_bytes for r in self.requests(method, path_contains=path_contains))
 
-    def _draw_fault(self, method: str, path: str, byte_range: str | None) -> str | None:
+    def _draw_fault(
+        self, method: str, path: str, byte_range: str | None
+    ) -> tuple[str, bytes] | None:
         """Whether (and how) to break this request.
 
         The draw hashes the seed, the request (method, path, range) and how many times the
         same request came before, so it does not depend on the order in which concurrent
         clients (threads, DataLoader workers) happen to arrive: a seeded run breaks the same
-        attempts of the same reads every time.
+        attempts of the same reads every time. Returns the kind and the draw (a torn body is
+        garbled from it, so each torn attempt differs).
         """
         with self._lock:
             if self._rate == 0.0 or (self._methods is not None and method not in self._methods):
+                return None
+            if self._path_contains not in path:
                 return None
             request = (method, path, byte_range)
             attempt = self._attempts.get(request, 0)
@@ -174,7 +195,7 @@ class FaultProxy:
         draw = digest.digest()
         if int.from_bytes(draw[:8], "big") / 2**64 >= self._rate:
             return None
-        return self._kinds[draw[8] % len(self._kinds)]
+        return self._kinds[draw[8] % len(self._kinds)], draw
 
     def _record(self, request: Request) -> None:
         with self._lock:
@@ -269,7 +290,15 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         method = self.command
         body = self._read_request_body()
         rng = self.headers.get("Range")
-        fault = self.owner._draw_fault(method, self.path, rng)
+        drawn = self.owner._draw_fault(method, self.path, rng)
+        fault, draw = drawn if drawn is not None else (None, b"")
+        if fault == "stall":
+            # Hold the request without a byte of answer, then close (FIN): the client's read
+            # timeout fires first if it is shorter.
+            self.owner._record(Request(method, self.path, rng, None, 0, fault))
+            time.sleep(self.owner.stall_s)
+            self.close_connection = True
+            return
         if fault == "reset":
             self.owner._record(Request(method, self.path, rng, None, 0, fault))
             self._reset()
@@ -289,17 +318,30 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             self.wfile.write(payload)
             return
         status, reason, headers, data = self._forward(body)
-        if fault == "short" and len(data) < 2:
+        if fault in ("short", "torn") and len(data) < 2:
             fault = "reset"  # nothing to cut: break the exchange another way
             self.owner._record(Request(method, self.path, rng, None, 0, fault))
             self._reset()
             return
-        sent = b"" if method == "HEAD" else data[: len(data) // 2] if fault == "short" else data
+        if method == "HEAD":
+            sent = b""
+        elif fault == "short":
+            sent = data[: len(data) // 2]
+        elif fault == "torn":
+            sent = _garble(data, draw)
+        else:
+            sent = data
         self.owner._record(Request(method, self.path, rng, status, len(sent), fault))
         self.send_response(status, reason)
         for name, value in headers:
-            if name.lower() not in _HOP_BY_HOP:
-                self.send_header(name, value)
+            if name.lower() in _HOP_BY_HOP:
+                continue
+            if fault == "torn" and name.lower().startswith("x-amz-checksum-"):
+                # moto sends the object's checksum even for a ranged GET, where S3 sends none,
+                # and botocore would check it; a torn body carries none (only a checksum of
+                # the reader's own can notice).
+                continue
+            self.send_header(name, value)
         if method == "HEAD":
             length = dict((k.lower(), v) for k, v in headers).get("content-length", "0")
             self.send_header("Content-Length", length)
@@ -312,3 +354,13 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             self.close_connection = True
 
     do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _handle
+
+
+def _garble(data: bytes, draw: bytes) -> bytes:
+    """``data`` with every byte of its second half changed, by a mask derived from ``draw``:
+    the same length, and different bytes for each draw (two torn reads of one range differ,
+    as reads torn by whatever happens to be in flight do)."""
+    half = len(data) // 2
+    mask = bytes(b | 1 for b in hashlib.shake_256(draw).digest(len(data) - half))  # no zero
+    tail = int.from_bytes(data[half:], "big") ^ int.from_bytes(mask, "big")
+    return data[:half] + tail.to_bytes(len(data) - half, "big")

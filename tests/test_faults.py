@@ -1,20 +1,23 @@
 """The fault-injecting proxy itself, and what s3fs does with the faults it injects.
 
-These pin down the test tool (each fault is what it says, seeded, stoppable) and the retry
-behaviour the reader builds on: through 20% faults s3fs reads still succeed; with every request
-failing a read fails in bounded time.
+These pin down the test tool (each fault is what it says, seeded, stoppable), the retry
+behaviour the reader builds on (through 20% faults s3fs reads still succeed; with every request
+failing a read fails in bounded time), and the reader's own retries: with every layer below
+them off, they alone carry whole epochs through 20% faults, torn bodies and stalls included.
 """
 
 from __future__ import annotations
 
 import gc
 import http.client
+import logging
 import multiprocessing
 import os
 import socket
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
@@ -22,7 +25,7 @@ import pytest
 import s3fs
 import torch
 from botocore.exceptions import BotoCoreError
-from fault_proxy import FAULT_KINDS, FaultProxy
+from fault_proxy import ALL_FAULT_KINDS, FAULT_KINDS, FaultProxy
 from support.s3 import S3Bucket, S3Server
 from torch.utils.data import DataLoader
 
@@ -98,6 +101,39 @@ def test_each_fault_is_what_it_says(s3_bucket: S3Bucket, blob, blob_url, kind: s
         assert status == int(kind)
         assert b"<Error><Code>" in body
     assert [r.fault for r in s3_bucket.proxy.log] == [kind]
+
+
+def test_a_torn_body_has_the_length_and_not_the_bytes(s3_bucket: S3Bucket, blob, blob_url):
+    _, data = blob
+    s3_bucket.proxy.set_faults(1.0, kinds=["torn"])
+    bodies = [_get(s3_bucket.proxy, blob_url) for _ in range(2)]
+    for status, body in bodies:
+        assert status == 200
+        assert len(body) == len(data)
+        assert body[: len(data) // 2] == data[: len(data) // 2]
+        half = len(data) // 2
+        assert all(a != b for a, b in zip(body[half:], data[half:], strict=True))
+    assert bodies[0] != bodies[1], "two torn reads of the same range should differ"
+    assert [r.fault for r in s3_bucket.proxy.log] == ["torn"] * 2
+
+
+def test_a_stall_answers_nothing_then_closes(s3_bucket: S3Bucket, blob_url) -> None:
+    s3_bucket.proxy.set_faults(1.0, kinds=["stall"])
+    s3_bucket.proxy.stall_s = 0.5
+    try:
+        started = time.monotonic()
+        with pytest.raises(http.client.RemoteDisconnected):
+            _get(s3_bucket.proxy, blob_url)
+        assert time.monotonic() - started >= 0.5
+    finally:
+        s3_bucket.proxy.stall_s = 2.0
+    assert [r.fault for r in s3_bucket.proxy.log] == ["stall"]
+
+
+def test_faults_can_target_paths(s3_bucket: S3Bucket, blob, blob_url) -> None:
+    _, data = blob
+    s3_bucket.proxy.set_faults(1.0, path_contains="/shards/")
+    assert _get(s3_bucket.proxy, blob_url) == (200, data)
 
 
 def test_faults_are_seeded(s3_bucket: S3Bucket, blob_url) -> None:
@@ -267,3 +303,340 @@ def test_reader_gives_up_in_bounded_time_naming_shard_and_episode(
     assert not [p for p in left if p.is_alive()], "a DataLoader worker is still running"
     fetchers = [t for t in set(threading.enumerate()) - threads if "lerobot-shards" in t.name]
     assert not fetchers, fetchers
+
+
+# ------------------------------------------------- the reader's own retries, alone
+
+SEED_WORKERS = 0
+"""Breaks shard reads of 2 workers' 2 epochs with torn bodies and stalls among others."""
+
+# What each fault looks like in the reader's retry warnings.
+_CAUSES = {
+    "torn": "checksum mismatch",
+    "500": "internal error",
+    "503": "reduce your request rate",
+    "stall": "ReadTimeoutError",
+    "short": "ContentLengthError",
+}
+
+
+def _cause(message: str) -> str:
+    found = [kind for kind, text in _CAUSES.items() if text in message]
+    if not found and any(t in message for t in ("reset", "Disconnected", "ConnectionClosed")):
+        return "reset"
+    return found[0] if len(found) == 1 else f"other: {message}"
+
+
+@pytest.fixture
+def readers_retries_only(s3_av1: tuple[S3Bucket, str], monkeypatch: pytest.MonkeyPatch) -> dict:
+    """The README's storage options (botocore's retries off) with 1 s timeouts, and s3fs's
+    own retry loop off too (it has no option for it: ``S3FileSystem.retries``, a class
+    attribute, 5), in this process. Left below the reader: aiohttp's one resend of a request
+    whose reused keep-alive connection was reset before any answer."""
+    bucket, _ = s3_av1
+    monkeypatch.setattr(s3fs.S3FileSystem, "retries", 1)
+    monkeypatch.setattr(bucket.proxy, "stall_s", 1.5)
+    config = {"retries": {"total_max_attempts": 1}, "read_timeout": 1, "connect_timeout": 1}
+    return {**bucket.storage_options, "config_kwargs": config}
+
+
+def test_the_readers_own_retries_carry_epochs_through_twenty_percent_faults(
+    s3_av1: tuple[S3Bucket, str], readers_retries_only: dict, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Only the reader retries. Opening the dataset through 20% faults (seeded), then 3 epochs
+    through 20% faults of every kind on the shard reads, torn bodies and stalls included: the
+    same items in the same order as without faults. Every fault but a reset (aiohttp resends
+    those on a reused connection) is one retry of the reader's, by cause: nothing below it
+    retried."""
+    bucket, url = s3_av1
+    proxy = bucket.proxy
+    options = readers_retries_only
+    epochs = 3
+    proxy.set_faults(0.0)
+    clean = _epochs(ShardedLeRobotDataset(url, storage_options=options, seed=3), 0, epochs)
+    for epoch in clean:
+        assert sorted(int(i["index"]) for i in epoch) == list(range(FRAMES))
+
+    caplog.set_level(logging.WARNING, logger="lerobot_shards.reader.fetch")
+    # Seed 2 breaks three of the five metadata reads: a 500, a short body and a stall.
+    proxy.set_faults(0.2, seed=2, kinds=[*FAULT_KINDS, "stall"])
+    proxy.clear()
+    ds = ShardedLeRobotDataset(url, storage_options=options, seed=3)
+    faults = Counter(r.fault for r in proxy.log if r.fault)
+    retries = Counter(_cause(r.getMessage()) for r in caplog.records)
+    assert faults == retries == Counter({"500": 1, "short": 1, "stall": 1}), (faults, retries)
+
+    # Seed 0 breaks shard reads with every kind of fault over the 3 epochs.
+    proxy.set_faults(0.2, seed=0, kinds=ALL_FAULT_KINDS, path_contains="/shards/")
+    proxy.clear()
+    caplog.clear()
+    faulty = _epochs(ds, 0, epochs)
+    proxy.set_faults(0.0)
+    for got, want in zip(faulty, clean, strict=True):
+        _assert_same_items(got, want)
+    faults = Counter(r.fault for r in proxy.log if r.fault)
+    assert set(faults) == set(ALL_FAULT_KINDS), faults
+    assert all(r.fault or r.status == 206 for r in proxy.log)
+    retries = Counter(_cause(r.getMessage()) for r in caplog.records)
+    # aiohttp resends a request whose reused connection was reset before any answer (once)
+    assert retries.pop("reset", 0) <= faults.pop("reset")
+    assert retries == faults, (retries, faults)
+
+
+def test_readme_options_carry_dataloader_workers_through_torn_reads_and_stalls(
+    s3_av1: tuple[S3Bucket, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The README's options as users run them (botocore's retries off, s3fs's in place) in 2
+    DataLoader workers, through 20% faults of every kind on the shard reads: 2 epochs equal
+    the epochs without faults. Torn bodies pass s3fs and botocore: the reader's checksum
+    catches them and its retries read them again."""
+    bucket, url = s3_av1
+    proxy = bucket.proxy
+    monkeypatch.setattr(proxy, "stall_s", 1.5)
+    config = {"retries": {"total_max_attempts": 1}, "read_timeout": 1}
+    options = {**bucket.storage_options, "config_kwargs": config}
+    proxy.set_faults(0.0)
+    clean = _epochs(ShardedLeRobotDataset(url, storage_options=options, seed=3), 2)
+    ds = ShardedLeRobotDataset(url, storage_options=options, seed=3)
+    proxy.set_faults(0.2, seed=SEED_WORKERS, kinds=ALL_FAULT_KINDS, path_contains="/shards/")
+    proxy.clear()
+    faulty = _epochs(ds, 2)
+    proxy.set_faults(0.0)
+    for got, want in zip(faulty, clean, strict=True):
+        _assert_same_items(got, want)
+    faults = Counter(r.fault for r in proxy.log if r.fault)
+    assert {"torn", "stall"} <= set(faults), faults
+
+
+@pytest.mark.parametrize("num_workers", WORKERS)
+def test_torn_reads_past_the_retries_name_shard_and_episode(
+    s3_av1: tuple[S3Bucket, str], readers_retries_only: dict, num_workers: int
+) -> None:
+    """Every shard read torn: the reader retries and then says which shard and episode, and
+    that its reads differed (torn, not a corrupt shard)."""
+    bucket, url = s3_av1
+    ds = ShardedLeRobotDataset(url, storage_options=readers_retries_only, seed=3)
+    ds.fetch_retries = 2
+    bucket.proxy.set_faults(1.0, kinds=["torn"], path_contains="/shards/")
+    bucket.proxy.clear()
+    where = rf"{AV1}/shards/000/episode-\d{{6}}\.tar \(episode \d\)"
+    children = set(multiprocessing.active_children())
+    with pytest.raises(ValueError, match=rf"{where}: checksum mismatch on 3 reads .*torn reads"):
+        _epochs(ds, num_workers, epochs=1)
+    _assert_no_worker_left(children)
+    bucket.proxy.set_faults(0.0)
+    assert {r.fault for r in bucket.proxy.log} == {"torn"}
+
+
+# ------------------------------------------------- the object store goes away mid-epoch
+
+
+def _assert_no_worker_left(before: set) -> None:
+    """Every DataLoader worker started since ``before`` has stopped (after the failed
+    iteration's traceback, which holds its iterator, is collected)."""
+    gc.collect()
+    left = [p for p in multiprocessing.active_children() if p not in before]
+    for p in left:
+        p.join(timeout=10)
+    assert not [p for p in left if p.is_alive()], "a DataLoader worker is still running"
+
+
+class Gate:
+    """A proxy in front of the S3 server that goes away (``down``: its port refuses, open
+    connections close) and comes back on the same port (``up``): what a client sees of an
+    object store that restarts. The store's data stays, as a real store's does (moto's own
+    restart would lose it)."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream
+        self.proxy = FaultProxy(upstream).start()
+        self.port = _address(self.proxy)[1]
+        self.served: list = []
+        """The requests of each proxy that went down, in order."""
+
+    @property
+    def endpoint_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def down(self) -> None:
+        self.proxy.stop()
+        self.served.append(self.proxy.log)
+
+    def up(self) -> None:
+        self.proxy = FaultProxy(self.upstream, port=self.port).start()
+
+    def close(self) -> None:
+        self.proxy.stop()
+
+
+class _FirstRetry(logging.Handler):
+    """Sets ``seen`` at the reader's first retry warning."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.seen = threading.Event()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+        self.seen.set()
+
+
+@pytest.fixture
+def gate(s3_av1: tuple[S3Bucket, str]) -> Iterator[Gate]:
+    bucket, _ = s3_av1
+    gate = Gate(bucket.server.direct_endpoint_url)
+    yield gate
+    gate.close()
+
+
+@pytest.fixture
+def retry_warnings() -> Iterator[_FirstRetry]:
+    handler = _FirstRetry()
+    logger = logging.getLogger("lerobot_shards.reader.fetch")
+    logger.addHandler(handler)
+    yield handler
+    logger.removeHandler(handler)
+
+
+def _through(options: dict, endpoint_url: str) -> dict:
+    client = {**options["client_kwargs"], "endpoint_url": endpoint_url}
+    return {**options, "client_kwargs": client}
+
+
+OUTAGE = {"seed": 3, "buffer_size": 2}  # a small pool: episodes are fetched all epoch long
+
+
+def test_the_reader_retries_through_an_object_store_outage(
+    s3_av1: tuple[S3Bucket, str],
+    readers_retries_only: dict,
+    gate: Gate,
+    retry_warnings: _FirstRetry,
+) -> None:
+    """The store goes away after the first item and comes back 1 s after the reader's first
+    failed read, within its retries (8: 11 s of backoff): the epoch completes with the same
+    items in the same order as an epoch without the outage, and the episodes still to fetch
+    came from the store once it was back."""
+    bucket, url = s3_av1
+    bucket.proxy.set_faults(0.0)
+    clean = list(ShardedLeRobotDataset(url, storage_options=readers_retries_only, **OUTAGE))
+    assert sorted(int(i["index"]) for i in clean) == list(range(FRAMES))
+
+    ds = ShardedLeRobotDataset(
+        url, storage_options=_through(readers_retries_only, gate.endpoint_url), **OUTAGE
+    )
+    ds.fetch_retries = 8
+    got = []
+    restart = None
+    for item in ds:
+        got.append(item)
+        if restart is None:
+            gate.down()
+
+            def come_back() -> None:
+                retry_warnings.seen.wait(60)
+                time.sleep(1.0)
+                gate.up()
+
+            restart = threading.Thread(target=come_back, daemon=True)
+            restart.start()
+    restart.join(timeout=60)
+    _assert_same_items(got, clean)
+    refused = [m for m in retry_warnings.messages if "Could not connect" in m]
+    assert refused, retry_warnings.messages
+    assert all("/shards/" in m for m in retry_warnings.messages)
+    assert gate.proxy.requests("GET", path_contains="/shards/"), "nothing fetched after it"
+
+
+def test_an_outage_past_the_retries_fails_clearly_and_the_checkpoint_resumes_exactly(
+    s3_av1: tuple[S3Bucket, str],
+    readers_retries_only: dict,
+    gate: Gate,
+    retry_warnings: _FirstRetry,
+) -> None:
+    """The store goes away after the first item and stays away past the reader's retries
+    (2): the epoch fails with an error naming the shard and the episode. The store comes
+    back; a new reader loads the last checkpoint (``state_dict()`` every 8 items, as a
+    training loop saves one every few steps) and yields exactly the uninterrupted epoch's
+    tail from there, in order."""
+    bucket, url = s3_av1
+    bucket.proxy.set_faults(0.0)
+    clean = list(ShardedLeRobotDataset(url, storage_options=readers_retries_only, **OUTAGE))
+    options = _through(readers_retries_only, gate.endpoint_url)
+    ds = ShardedLeRobotDataset(url, storage_options=options, **OUTAGE)
+    ds.fetch_retries = 2
+    got: list[dict] = []
+    checkpoint = (0, ds.state_dict())
+    where = rf"{AV1}/shards/000/episode-\d{{6}}\.tar \(episode \d\)"
+    with pytest.raises(OSError, match=rf"{where}: reading bytes \d+\.\.\d+ failed 3 times"):
+        for item in ds:
+            got.append(item)
+            if len(got) == 1:
+                gate.down()
+            if len(got) % 8 == 0:
+                checkpoint = (len(got), ds.state_dict())
+    assert 0 < len(got) < FRAMES
+    _assert_same_items(got, clean[: len(got)])
+    taken, state = checkpoint
+    assert state["offset"] == taken and taken > 0
+
+    gate.up()  # the store is back: resume from the checkpoint, as a restarted job would
+    resumed = ShardedLeRobotDataset(url, storage_options=options, **OUTAGE)
+    resumed.load_state_dict(state)
+    _assert_same_items(list(resumed), clean[taken:])
+
+
+def test_an_outage_past_the_retries_in_dataloader_workers_resumes_exactly(
+    s3_av1: tuple[S3Bucket, str], gate: Gate
+) -> None:
+    """The same with 2 DataLoader workers (from the forkserver, s3fs's retries in place there:
+    the README's configuration) and batches of 4: the loader fails naming shard and episode;
+    a new ``ShardedDataLoader`` loads the last ``loader.state_dict()`` (every 2 batches) and
+    delivers exactly the uninterrupted run's remaining batches."""
+    from support.batches import assert_same_batch
+
+    from lerobot_shards import ShardedDataLoader
+
+    bucket, url = s3_av1
+    bucket.proxy.set_faults(0.0)
+    options = {
+        **bucket.storage_options,
+        "config_kwargs": {"retries": {"total_max_attempts": 1}, "read_timeout": 1},
+    }
+
+    def loader(storage_options: dict) -> ShardedDataLoader:
+        # One episode resident and none fetched ahead: each worker fetches all epoch long.
+        ds = ShardedLeRobotDataset(url, storage_options=storage_options, seed=3, buffer_size=1)
+        ds.prefetch_depth = 0
+        ds.fetch_retries = 2
+        return ShardedDataLoader(ds, batch_size=4, num_workers=2)
+
+    clean = list(loader(options))
+    assert sorted(int(i) for b in clean for i in b["index"]) == list(range(FRAMES))
+    through = _through(options, gate.endpoint_url)
+    interrupted = loader(through)
+    got: list[dict] = []
+    checkpoint = (0, interrupted.state_dict())
+    where = rf"{AV1}/shards/000/episode-\d{{6}}\.tar \(episode \d\)"
+    children = set(multiprocessing.active_children())
+    with pytest.raises(OSError, match=rf"{where}: reading bytes \d+\.\.\d+ failed 3 times"):
+        for batch in interrupted:
+            got.append(batch)
+            if len(got) == 1:
+                gate.down()
+            if len(got) % 2 == 0:
+                checkpoint = (len(got), interrupted.state_dict())
+    _assert_no_worker_left(children)
+    assert 0 < len(got) < len(clean)
+    for ours, theirs in zip(got, clean, strict=False):
+        assert_same_batch(ours, theirs)
+    taken, state = checkpoint
+    assert taken > 0
+
+    gate.up()
+    resumed = loader(through)
+    resumed.load_state_dict(state)
+    rest = list(resumed)
+    assert len(rest) == len(clean) - taken
+    for ours, theirs in zip(rest, clean[taken:], strict=True):
+        assert_same_batch(ours, theirs)

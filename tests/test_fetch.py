@@ -18,6 +18,7 @@ from lerobot_shards.reader.fetch import (
     ChecksumError,
     FetchError,
     Prefetcher,
+    RetryingReads,
     Span,
     read_span,
 )
@@ -30,7 +31,8 @@ class FlakyMemoryFS(MemoryFileSystem):
 
     Each entry of ``script`` is applied to one ``cat_file`` call, in order: an exception to
     raise, ``"short"`` to return half the bytes, ``"flip"`` to return the bytes with one bit
-    changed (a torn read). When the script runs out, reads are normal.
+    changed (the same each time: a corrupt shard), ``"torn"`` to change a different bit each
+    time (a torn read). When the script runs out, reads are normal.
     """
 
     protocol = "flakymem"
@@ -53,6 +55,9 @@ class FlakyMemoryFS(MemoryFileSystem):
             return data[: len(data) // 2]
         if step == "flip":
             return bytes([data[0] ^ 1]) + data[1:]
+        if step == "torn":  # a different byte each time
+            n = len(self.calls) % len(data)
+            return data[:n] + bytes([data[n] ^ 1]) + data[n + 1 :]
         return data
 
 
@@ -116,10 +121,56 @@ def test_torn_read_is_retried_once():
     assert len(fs.calls) == 2
 
 
+def test_torn_reads_are_retried_within_the_budget_and_logged(caplog):
+    fs = _fs("torn", ConnectionResetError("reset"), "torn", "torn")
+    with caplog.at_level("WARNING", logger="lerobot_shards.reader.fetch"):
+        assert read_span(fs, _span(), retries=4, backoff_s=0.001) == PAYLOAD[1024:5120]
+    assert len(fs.calls) == 5
+    retries = [r.getMessage() for r in caplog.records]
+    assert len(retries) == 4
+    assert all(m.startswith("/shards/000/episode-000003.tar (episode 3): ") for m in retries)
+    assert [m.split(": ", 1)[1].split(" (")[0].split(";")[0] for m in retries] == [
+        "checksum mismatch",
+        "ConnectionResetError('reset')",
+        "checksum mismatch",
+        "checksum mismatch",
+    ]
+    assert retries[-1].endswith("retry 4 of 4 in 0.01 s")
+
+
+def test_torn_reads_past_the_budget_name_shard_and_episode():
+    fs = _fs(*["torn"] * 10)
+    with pytest.raises(
+        ChecksumError,
+        match=r"episode-000003\.tar \(episode 3\): checksum mismatch on 4 reads .*torn reads",
+    ):
+        read_span(fs, _span(), retries=3, backoff_s=0.001)
+    assert len(fs.calls) == 4
+
+
+def test_metadata_reads_retry_each_read_on_its_own(caplog):
+    """Opening a dataset reads its small files through ``RetryingReads``: each read is retried
+    on transient errors (logged), a missing file is not retried, and past the retries the error
+    names the file."""
+    fs = _fs(ConnectionResetError("reset"), TimeoutError("slow"))
+    fs.pipe_file("/index.json", b"{}")
+    reads = RetryingReads(fs, retries=2)
+    with caplog.at_level("WARNING", logger="lerobot_shards.reader.fetch"):
+        assert reads.cat_file("/index.json", start=0) == b"{}"
+    assert [m.split(": ")[0] for m in caplog.messages] == ["/index.json"] * 2
+    assert reads.exists("/index.json")  # everything else is the filesystem's
+    with pytest.raises(FileNotFoundError):
+        reads.cat_file("/manifest.parquet", start=0)
+    fs.script = [ConnectionResetError("reset")] * 3
+    with pytest.raises(FetchError, match=r"^/index\.json: failed 3 times, last error: Conn"):
+        reads.cat_file("/index.json", start=0)
+    assert len(fs.calls) == 3 + 1 + 3
+
+
 def test_checksum_mismatch_is_corruption():
     fs = _fs("flip", "flip", "flip")
     with pytest.raises(
-        ChecksumError, match=r"episode-000003\.tar \(episode 3\): checksum mismatch"
+        ChecksumError, match=r"episode-000003\.tar \(episode 3\): checksum mismatch.*corrupt"
     ):
         read_span(fs, _span())
     assert len(fs.calls) == 2

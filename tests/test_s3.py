@@ -224,3 +224,73 @@ def test_a_mixture_streams_from_s3_and_local_with_each_datasets_own_options(
     local = items(image)
     _assert_same_items(remote, local)
     assert s3_bucket.proxy.requests("GET", path_contains="/image/shards/")  # fetched from S3
+
+
+def test_forked_dataloader_workers_stream_from_s3(
+    s3_av1: tuple[S3Bucket, str], local_av1: Path, tmp_path: Path
+) -> None:
+    """DataLoader workers *forked* (the Linux default) from a process that already read from S3.
+
+    A training script (``support/fork_epochs.py``, its own process, killed if it hangs) reads
+    epoch 0 in its main process, epochs 0 and 1 through 2 forked workers, then epoch 0 in its
+    main process again. Every epoch equals the local reader's in the same layout, item for item
+    and in order; every episode is read as planned, none twice. The main process's s3fs
+    connections survive the workers: before the reader kept inherited filesystems alive
+    (``catalog._INHERITED``), a worker's garbage collection closed them from the child, their
+    sockets left the main process's epoll, and its next epoch stalled 15 s on a read timeout,
+    read an episode twice and workers printed asyncio tracebacks.
+    """
+    import json
+
+    from torch.utils.data import DataLoader
+
+    bucket, url = s3_av1
+    proxy = bucket.proxy
+    proxy.set_faults(0.0)
+    out = tmp_path / "items.pt"
+    script = Path(__file__).parent / "support" / "fork_epochs.py"
+    proxy.clear()
+    proc = subprocess.Popen(
+        [sys.executable, str(script), url, json.dumps(bucket.storage_options), str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,  # the workers too are killed if it hangs
+    )
+    try:
+        _, stderr = proc.communicate(timeout=150)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        _, stderr = proc.communicate()
+        pytest.fail(f"the script hung:\n{stderr.decode()[-3000:]}")
+    assert proc.returncode == 0, stderr.decode()[-3000:]
+    assert b"Traceback" not in stderr, stderr.decode()[-3000:]
+    got = torch.load(out, weights_only=False)
+
+    ref = ShardedLeRobotDataset(local_av1, seed=3)
+    single = list(ref)
+    ref.num_workers = 2
+    workers = []
+    for epoch in (0, 1):
+        ref.set_epoch(epoch)
+        workers.append(list(DataLoader(ref, batch_size=None, num_workers=2)))
+    _assert_same_items(got["single"], single)
+    _assert_same_items(got["after"], single)
+    for epoch in (0, 1):
+        _assert_same_items(got["fork"][epoch], workers[epoch])
+        assert sorted(int(i["index"]) for i in got["fork"][epoch]) == list(range(FRAMES))
+    assert [int(i["index"]) for i in got["fork"][0]] != [int(i["index"]) for i in single]
+
+    fs = bucket.server.direct_filesystem
+    rows = _manifest(fs, f"{bucket.name}/{AV1}")
+    gets = proxy.requests("GET", path_contains="/shards/")
+    assert [r for r in proxy.log if r.status not in (200, 206)] == []
+    span = {r.episode_index: f"bytes={r.offset}-{r.offset + r.size - 1}" for r in rows}
+    # The main process reads each episode once per epoch; a worker each episode it draws from
+    # (the DataLoader takes the 2 workers' items in turn; an episode cut between the workers'
+    # parts is read by both).
+    want = [span[e] for e in span for _ in range(2)]
+    for items in got["fork"]:
+        want += [span[e] for w in (0, 1) for e in {int(i["episode_index"]) for i in items[w::2]}]
+    assert sorted(r.range for r in gets) == sorted(want), "an episode read more than planned"
+    assert got["lost"] == [], "the main process's event loop lost its sockets"
+    assert got["seconds"]["after"] < 10, got["seconds"]  # a read timeout is 15 s

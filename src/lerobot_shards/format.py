@@ -206,10 +206,9 @@ def read_manifest(fs: fsspec.AbstractFileSystem, path: str) -> pa.Table:
 
     One whole-file read: on object storage that is one GET, where parquet's own reader asks for
     the footer and the columns apart (it matters when a mixture opens hundreds of manifests)."""
+    data = read_whole(fs, path)  # outside the try: a failed read is not a bad manifest
     try:
-        table = pq.read_table(pa.BufferReader(read_whole(fs, path)))
-    except FileNotFoundError:
-        raise
+        table = pq.read_table(pa.BufferReader(data))
     except Exception as exc:
         raise FormatError(f"{path}: manifest does not parse: {exc}") from exc
     missing = [n for n in MANIFEST_SCHEMA.names if n not in table.column_names]

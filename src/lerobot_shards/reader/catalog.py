@@ -22,11 +22,18 @@ import numpy as np
 from lerobot_shards.format import read_index
 from lerobot_shards.items import ItemSpec, delta_indices
 from lerobot_shards.reader.episode import Episode, load_episode
-from lerobot_shards.reader.fetch import read_span
+from lerobot_shards.reader.fetch import RetryingReads, read_span
 from lerobot_shards.reader.meta import DatasetMeta, Selection, read_meta
 
 OPEN_THREADS = 32
 """Members opened at once (their small metadata files are read concurrently)."""
+
+_INHERITED: list[fsspec.AbstractFileSystem] = []
+"""Filesystems a forked process inherited from its parent: kept alive, never used, never
+closed. Dropped, an s3fs instance is finalized in the child; when that happens on the child's
+fsspec I/O thread (where most of a fetching worker's garbage is made), it closes the parent's
+aiohttp connections, unregistering their sockets from the epoll instance parent and child
+share: the parent's next read on one waits for its read timeout (15 s) before s3fs retries."""
 
 
 @dataclass(frozen=True)
@@ -89,11 +96,10 @@ class Member:
         )
         self._fs, self.path = fsspec.core.url_to_fs(self.root, **self.storage_options)
         self._fs_pid = os.getpid()
-        index = read_index(self._fs, self.path)  # first: it says whether this is a dataset
-        self.selection = Selection.read(self._fs, self.path, source.episodes, self.root)
-        self.meta: DatasetMeta = read_meta(
-            self._fs, self.path, index, self.selection.manifest, self.root
-        )
+        fs = RetryingReads(self._fs)  # a flaky store fails small files too
+        index = read_index(fs, self.path)  # first: it says whether this is a dataset
+        self.selection = Selection.read(fs, self.path, source.episodes, self.root)
+        self.meta: DatasetMeta = read_meta(fs, self.path, index, self.selection.manifest, self.root)
         key_map = dict(source.key_map)
         unknown = sorted(set(key_map) - set(self.meta.features) - {"task"})
         if unknown:
@@ -119,8 +125,13 @@ class Member:
 
     @property
     def fs(self) -> fsspec.AbstractFileSystem:
+        """This process's filesystem: made anew after a fork or unpickling; an inherited one is
+        kept, not dropped (``_INHERITED`` says why)."""
         if self._fs_pid != os.getpid():
+            inherited = self._fs
             self._fs = fsspec.core.url_to_fs(self.root, **self.storage_options)[0]
+            if inherited is not self._fs and not any(inherited is f for f in _INHERITED):
+                _INHERITED.append(inherited)
             self._fs_pid = os.getpid()
         return self._fs
 

@@ -1,10 +1,12 @@
 """Episode byte spans from any fsspec filesystem: verified, retried, prefetched within a budget.
 
 One ranged read per episode (the manifest's ``offset`` and ``size`` inside its shard), checked
-against the manifest checksum. Object stores fail transiently (resets, 5xx, short bodies), so a
-read is retried with exponential backoff before it becomes an error that names the shard and
-the episode; a checksum mismatch is retried once (a torn read looks like corruption) and then
-reported as corruption.
+against the manifest checksum. Object stores fail transiently (resets, 5xx, timeouts, short
+bodies), so a read is retried with exponential backoff before it becomes an error that names
+the shard and the episode. A checksum mismatch is retried too, from the same budget: a torn
+read gives different wrong bytes each time, while a corrupt shard gives the same wrong bytes
+twice, which ends the retries at once as corruption. Every retry is logged (a warning of the
+``lerobot_shards.reader.fetch`` logger), so flaky storage shows.
 
 :class:`Prefetcher` runs the loading of the next admissions of a plan (fetch and demux) in a
 small thread pool while the consumer draws from the resident episodes, so the stream rarely
@@ -14,6 +16,7 @@ waits on I/O, and keeps what is resident plus in flight within the byte budget.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Iterator
@@ -23,6 +26,8 @@ from typing import Generic, NamedTuple, TypeVar
 import fsspec
 
 from lerobot_shards.format import FormatError, checksum
+
+log = logging.getLogger(__name__)
 
 E = TypeVar("E")
 K = TypeVar("K", bound=Hashable)
@@ -76,12 +81,13 @@ def read_span(
 ) -> bytes:
     """Read and verify one episode's bytes with a single ranged read (plus retries).
 
-    Transient errors are retried ``retries`` times, sleeping ``backoff_s * 2**attempt`` (capped)
-    in between; a checksum mismatch is retried once. Errors name the shard and the episode.
+    Transient errors and checksum mismatches are retried ``retries`` times in all, sleeping
+    ``backoff_s * 2**attempt`` (capped) in between; two reads with the same wrong checksum are
+    a corrupt shard, not retried further. Errors name the shard and the episode.
     """
     where = f"{span.path} (episode {span.episode})"
+    wrong: list[str] = []  # checksums of the reads that did not match, in order
     attempt = 0
-    mismatches = 0
     while True:
         try:
             data = fs.cat_file(span.path, start=span.offset, end=span.offset + span.size)
@@ -97,18 +103,76 @@ def read_span(
                     f"{where}: reading bytes {span.offset}..{span.offset + span.size} failed "
                     f"{attempt + 1} times, last error: {exc!r}"
                 ) from exc
-            time.sleep(min(max_backoff_s, backoff_s * 2**attempt))
+            problem = repr(exc)
+        else:
+            got = checksum(data)
+            if got == span.checksum:
+                return data
+            if got in wrong:
+                raise ChecksumError(
+                    f"{where}: checksum mismatch, the manifest says {span.checksum} but the "
+                    f"{span.size} bytes at offset {span.offset} hash to {got} (read twice): "
+                    "the shard is corrupt"
+                )
+            wrong.append(got)
+            if attempt >= retries:
+                raise ChecksumError(
+                    f"{where}: checksum mismatch on {len(wrong)} reads of the {span.size} bytes "
+                    f"at offset {span.offset}, each different (torn reads: the storage or the "
+                    f"network garbles them); the manifest says {span.checksum}"
+                )
+            problem = f"checksum mismatch ({got})"
+        delay = min(max_backoff_s, backoff_s * 2**attempt)
+        attempt += 1
+        log.warning("%s: %s; retry %d of %d in %.2f s", where, problem, attempt, retries, delay)
+        time.sleep(delay)
+
+
+def retry_transient(
+    call: Callable[[], V],
+    where: str,
+    *,
+    retries: int = 5,
+    backoff_s: float = 0.05,
+    max_backoff_s: float = 5.0,
+) -> V:
+    """``call()``, retried on transient errors as an episode's read is (logged, backing off).
+
+    A flaky store fails a dataset's small metadata files as it fails episodes, and with
+    botocore's retries off nothing below retries a 500 (:class:`RetryingReads`)."""
+    attempt = 0
+    while True:
+        try:
+            return call()
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+            if attempt >= retries:
+                raise FetchError(
+                    f"{where}: failed {attempt + 1} times, last error: {exc!r}"
+                ) from exc
+            delay = min(max_backoff_s, backoff_s * 2**attempt)
             attempt += 1
-            continue
-        got = checksum(data)
-        if got == span.checksum:
-            return data
-        if mismatches >= 1:
-            raise ChecksumError(
-                f"{where}: checksum mismatch, the manifest says {span.checksum} but the "
-                f"{span.size} bytes at offset {span.offset} hash to {got}: the shard is corrupt"
-            )
-        mismatches += 1
+            log.warning("%s: %r; retry %d of %d in %.2f s", where, exc, attempt, retries, delay)
+            time.sleep(delay)
+
+
+class RetryingReads:
+    """A filesystem whose ``cat_file`` retries transient errors (:func:`retry_transient`), each
+    read on its own: what a dataset's ``index.json``, manifest and ``meta/`` are read through
+    when it is opened. Everything else is the filesystem's."""
+
+    def __init__(self, fs: fsspec.AbstractFileSystem, retries: int = 5) -> None:
+        self.fs = fs
+        self.retries = retries
+
+    def cat_file(self, path: str, start: int | None = None, end: int | None = None) -> bytes:
+        return retry_transient(
+            lambda: self.fs.cat_file(path, start=start, end=end), path, retries=self.retries
+        )
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.fs, name)
 
 
 ADMIT = "admit"

@@ -225,11 +225,11 @@ def read_meta(
     info = read_json(INFO_FILE, True)
     tasks_path = join(path, TASKS_FILE)
     try:
-        table = pq.read_table(
-            pa.BufferReader(read_whole(fs, tasks_path)), columns=["task_index", "task"]
-        )
+        data = read_whole(fs, tasks_path)
     except FileNotFoundError:
         raise FormatError(f"{tasks_path} not found: the converted dataset is incomplete") from None
+    try:  # a failed read (above) is not a bad file
+        table = pq.read_table(pa.BufferReader(data), columns=["task_index", "task"])
     except Exception as exc:
         raise FormatError(f"{tasks_path}: tasks do not parse: {exc}") from exc
     indices = table.column("task_index").to_pylist()
