@@ -54,7 +54,8 @@ def shm_entries(pids: set[int]) -> set[str]:
     return {e for e in os.listdir("/dev/shm") if any(f"_{pid}_" in f"_{e}_" for pid in pids)}
 
 
-def test_a_killed_worker_fails_clearly_and_the_last_checkpoint_resumes_exactly(av1):
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_killed_worker_fails_clearly_and_the_last_checkpoint_resumes_exactly(av1, persistent):
     full = [
         b["index"].tolist() for b in ShardedDataLoader(dataset(av1), BATCH, num_workers=WORKERS)
     ]
@@ -68,6 +69,7 @@ def test_a_killed_worker_fails_clearly_and_the_last_checkpoint_resumes_exactly(a
         dataset(av1),
         BATCH,
         num_workers=WORKERS,
+        persistent_workers=persistent,
         worker_init_fn=functools.partial(note_pid, pids),
     )
     consumed: list[list[int]] = []
@@ -97,15 +99,15 @@ def test_a_killed_worker_fails_clearly_and_the_last_checkpoint_resumes_exactly(a
     while any(alive(p) for p in workers) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(alive(p) for p in workers), [p for p in workers if alive(p)]
-    del loader
     assert not shm_entries(workers | {os.getpid()}) - shm_before
     deadline = time.monotonic() + 10
     while threading.active_count() > threads_before and time.monotonic() < deadline:
         time.sleep(0.1)
     assert threading.active_count() <= threads_before, threading.enumerate()
 
-    # Resume from the last checkpoint in a new loader: exactly the rest of the epoch, in order.
-    resumed = ShardedDataLoader(dataset(av1), BATCH, num_workers=WORKERS)
+    # Resume from the last checkpoint: exactly the rest of the epoch, in order. A persistent
+    # loader whose epoch failed starts new workers, so the state loads into it; else a new one.
+    resumed = loader if persistent else ShardedDataLoader(dataset(av1), BATCH, num_workers=WORKERS)
     resumed.load_state_dict(state)
     rest = [i for b in resumed for i in b["index"].tolist()]
     assert before + rest == full
