@@ -47,9 +47,21 @@ class ShardedDataLoader(DataLoader):
         batches = super().__iter__()  # workers start here, from the dataset's next position
         if self.num_workers > 0:  # the workers iterate: the dataset records where they began
             self.dataset.begin_epoch()
-        for batch in batches:
-            self._delivered += _batch_length(batch)
-            yield batch
+        try:
+            for batch in batches:
+                self._delivered += _batch_length(batch)
+                yield batch
+        except Exception:
+            # Why: when an epoch fails (a worker killed, say), the exception's traceback holds
+            # the DataLoader's iterator, whose other workers would run on, holding their memory,
+            # for as long as the caller keeps the exception. Shut them down now, as torch does
+            # when the iterator is collected, and let a persistent loader start afresh.
+            shutdown = getattr(batches, "_shutdown_workers", None)
+            if shutdown is not None:
+                shutdown()
+            if self._iterator is batches:
+                self._iterator = None
+            raise
 
     def state_dict(self) -> dict[str, Any]:
         """The exact position after the batches delivered so far (``reader/state.py``)."""

@@ -1,0 +1,131 @@
+"""Real memory under a byte budget: the process tree's PSS over whole epochs, beside the budget
+and the bound the README states.
+
+Each setting runs one whole epoch in a fresh process (``tests/dist_scripts/memory_epoch.py``):
+a DataLoader with ``--workers`` workers, batch ``--batch-size``, ``prefetch_factor``
+``--prefetch-factor``, ``lerobot_shards.collate``, uint8, shuffled, ``buffer_size=8``. The
+baseline is the tree (the loop and its workers) once the workers are up, torch and the reader
+imported and the dataset copied, before any episode is fetched; the figure is the peak above it
+while the epoch's batches are delivered, sampled every 0.05 s. The loop calls ``gc.freeze()``
+before the workers fork (one row without it: the garbage collector then copies the pages the
+workers inherited, which is no part of the reader). Both are reported as ``data``, the PSS of
+anonymous and shared memory (heaps, stacks, batch segments): the PSS of mapped library files is
+shared with every other process using the same installation and moves with them
+(``testing/memory.py``).
+
+The dataset (generated once by the test factory, as LeRobot records it): 48 episodes of 60
+frames, two 192x256 AV1 cameras, many more episodes than the pools hold. Items show camera a's
+last half second (``delta_timestamps``), so decoded frames are drawn again and the frame cache
+has something to hold; the budgets cut it down.
+
+The bound (README, docs/performance.md): growth <= the budget + workers x (prefetch_factor + 2)
+x batch bytes + workers x 40 MB (with gc.freeze(); without it, add the copy-on-write).
+
+Usage: ``python scripts/bench_memory.py [--cache DIR] [--workers 2] [--batch-size 8]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from _bench_common import cached_conversion, cached_dataset, machine_line
+
+MB = 1e6
+EPISODES, LENGTH = 48, 60
+CAMERAS = {"observation.images.a": (192, 256), "observation.images.b": (192, 256)}
+BACK = {"observation.images.a": [-0.5, -0.4, -0.3, -0.2, -0.1, 0.0]}
+SCRIPT = Path(__file__).resolve().parents[1] / "tests" / "dist_scripts" / "memory_epoch.py"
+SETTINGS = [
+    ("frame_cache_gb=0, no budget", {"frame_cache_gb": 0}),
+    ("byte_budget_gb=0.01", {"byte_budget_gb": 0.01}),
+    ("byte_budget_gb=0.02", {"byte_budget_gb": 0.02}),
+    ("byte_budget_gb=0.04", {"byte_budget_gb": 0.04}),
+    ("byte_budget_gb=0.08", {"byte_budget_gb": 0.08}),
+    ("byte_budget_gb=0.16", {"byte_budget_gb": 0.16}),
+    ("no budget", {}),
+    ("byte_budget_gb=0.04, no gc.freeze", {"byte_budget_gb": 0.04, "gc_freeze": False}),
+]
+WORKING_MEMORY = 40 * MB
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cache", type=Path, default=Path("/tmp/lerobot-shards-bench"))
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--prefetch-factor", type=int, default=2)
+    args = parser.parse_args()
+    print(machine_line(), flush=True)
+    name = f"memory-{EPISODES}ep-2x192x256"
+    source = cached_dataset(
+        args.cache,
+        name,
+        episode_lengths=[LENGTH] * EPISODES,
+        cameras=CAMERAS,
+        fps=30,
+        video_variants=4,
+        data_files_size_in_mb=50,
+        video_files_size_in_mb=50,
+    )
+    shards = cached_conversion(source, args.cache / f"{name}-shards")
+
+    from lerobot_shards import ShardedLeRobotDataset
+
+    w = args.workers
+    print(
+        f"dataset: {shards} ({EPISODES} episodes of {LENGTH} frames, 2 cameras 192x256, camera a "
+        f"shown 6 frames back); {w} DataLoader workers, batch {args.batch_size}, prefetch_factor "
+        f"{args.prefetch_factor}, buffer_size=8; MB = 10**6 bytes; data = PSS of anonymous + "
+        "shared memory of the tree",
+        flush=True,
+    )
+    print(
+        f"  {'setting':<28} {'pool+cache (counted)':>20} {'baseline':>9} {'peak':>7} "
+        f"{'growth':>7} {'in flight':>9} {'bound':>7}  {'PSS peak':>8}  frames"
+    )
+    for label, options in SETTINGS:
+        options = {"buffer_size": 8, "delta_timestamps": BACK, **options}
+        freeze = options.pop("gc_freeze", True)
+        command = [
+            sys.executable,
+            str(SCRIPT),
+            str(shards),
+            json.dumps(options),
+            "--workers",
+            str(w),
+            "--batch-size",
+            str(args.batch_size),
+            "--prefetch-factor",
+            str(args.prefetch_factor),
+            *([] if freeze else ["--no-gc-freeze"]),
+        ]
+        out = subprocess.run(command, capture_output=True, text=True, check=True)
+        r = json.loads(out.stdout.strip().splitlines()[-1])
+        ds = ShardedLeRobotDataset(
+            shards, **{k: v for k, v in options.items() if k != "delta_timestamps"}
+        )
+        part = ds._budget(w)
+        pool = "all" if part.pool is None else f"{w * part.pool / MB:.0f}"
+        counted = f"{pool} + {w * part.cache / MB:.0f}"
+        in_flight = w * (args.prefetch_factor + 2) * r["batch_bytes"]
+        growth = r["peak_data"] - r["baseline_data"]
+        if part.pool is None:
+            bound = "-"
+        else:
+            b = w * part.pool + w * part.cache + in_flight
+            bound = f"{(b + w * WORKING_MEMORY) / MB:.0f}"
+        ok = len(r["frames"]) == EPISODES * LENGTH == len(set(r["frames"]))
+        print(
+            f"  {label:<28} {counted:>20} {r['baseline_data'] / MB:9.0f} "
+            f"{r['peak_data'] / MB:7.0f} {growth / MB:7.0f} {in_flight / MB:9.0f} {bound:>7}  "
+            f"{r['peak_pss'] / MB:8.0f}  {'each once' if ok else 'WRONG'}",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
