@@ -122,10 +122,18 @@ def read_span(
                     f"network garbles them); the manifest says {span.checksum}"
                 )
             problem = f"checksum mismatch ({got})"
-        delay = min(max_backoff_s, backoff_s * 2**attempt)
         attempt += 1
-        log.warning("%s: %s; retry %d of %d in %.2f s", where, problem, attempt, retries, delay)
-        time.sleep(delay)
+        _back_off(where, problem, attempt, retries, backoff_s, max_backoff_s)
+
+
+def _back_off(
+    where: str, problem: str, attempt: int, retries: int, backoff_s: float, max_backoff_s: float
+) -> None:
+    """Log retry ``attempt`` (from 1) of ``retries`` and sleep ``backoff_s * 2**(attempt - 1)``,
+    at most ``max_backoff_s``: one schedule for every read the reader retries."""
+    delay = min(max_backoff_s, backoff_s * 2 ** (attempt - 1))
+    log.warning("%s: %s; retry %d of %d in %.2f s", where, problem, attempt, retries, delay)
+    time.sleep(delay)
 
 
 def retry_transient(
@@ -151,10 +159,8 @@ def retry_transient(
                 raise FetchError(
                     f"{where}: failed {attempt + 1} times, last error: {exc!r}"
                 ) from exc
-            delay = min(max_backoff_s, backoff_s * 2**attempt)
             attempt += 1
-            log.warning("%s: %r; retry %d of %d in %.2f s", where, exc, attempt, retries, delay)
-            time.sleep(delay)
+            _back_off(where, repr(exc), attempt, retries, backoff_s, max_backoff_s)
 
 
 class RetryingReads:
