@@ -159,7 +159,7 @@ def test_a_failed_episode_is_named_and_a_rerun_converts_only_what_is_missing(
 
     dest = tmp_path / "ray"
     # One episode in flight: 0-4 are done by the time the last, damaged, one fails.
-    with pytest.raises(ConvertError, match=r"^episode 5: .*episode_000005\.mp4"):
+    with pytest.raises(ConvertError, match=r"^episode 5 camera .*episode_000005\.mp4"):
         convert(str(src), str(dest), executor="ray", max_in_flight=1, progress=False)
     assert not (dest / INDEX_FILE).exists()
     done = finished_episodes(dest)

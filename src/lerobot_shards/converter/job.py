@@ -120,7 +120,8 @@ def convert_episode(args: JobArgs, episode_index: int, then: Sequence[int] = ())
 
     Idempotent, so a retry after a crash is safe: the shard appears atomically (temp file and
     rename, or one upload) with the same bytes every time, and only then its record. ``then``:
-    the episodes this process converts next (their rows are read along).
+    the episodes this process converts next (their rows are read along). A failure is a
+    ``ConvertError`` led by the episode (``episode_error``), whichever executor ran it.
     """
     job = job_for(args)
     try:
@@ -129,27 +130,21 @@ def convert_episode(args: JobArgs, episode_index: int, then: Sequence[int] = ())
             args.run_id, args.decode_check,
         )  # fmt: skip
         job.records.save(row)
-    except OSError as exc:
-        if exc.errno == errno.ENOSPC:
-            raise no_space(args.dest, f"writing episode {episode_index}", exc) from exc
+    except ConvertError:
         raise
+    except Exception as exc:
+        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+            raise no_space(args.dest, f"writing episode {episode_index}", exc) from exc
+        raise episode_error(episode_index, exc) from exc
     return row
 
 
 def convert_episodes(args: JobArgs, episode_indices: list[int]) -> list[ManifestRow]:
-    """``convert_episode`` for each of a run of episodes, in order: one pool task.
-
-    A failure names its episode (and ends the task: the driver stops the run).
-    """
-    rows = []
-    for k, i in enumerate(episode_indices):
-        try:
-            rows.append(convert_episode(args, i, episode_indices[k + 1 :]))
-        except ConvertError:
-            raise
-        except Exception as exc:
-            raise episode_error(i, exc) from exc
-    return rows
+    """``convert_episode`` for each of a run of episodes, in order: one pool task (a failure
+    ends it, and the driver stops the run)."""
+    return [
+        convert_episode(args, i, episode_indices[k + 1 :]) for k, i in enumerate(episode_indices)
+    ]
 
 
 # --------------------------------------------------------------------------------------------

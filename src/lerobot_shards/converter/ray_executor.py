@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from types import ModuleType
 
-from lerobot_shards.converter.job import ConvertError, JobArgs, convert_episode
+from lerobot_shards.converter.job import ConvertError, JobArgs, convert_episode, episode_error
 from lerobot_shards.format import ManifestRow
 
 INSTALL_HINT = "pip install 'lerobot-shards[ray]'"
@@ -73,7 +73,7 @@ def run_ray(
                 try:
                     row = ray.get(ref)
                 except ray.exceptions.RayTaskError as exc:
-                    raise ConvertError(f"episode {i}: {exc.cause or exc}") from exc
+                    raise episode_error(i, exc.cause or exc) from exc
                 except ray.exceptions.RayError as exc:  # e.g. its worker died max_retries times
                     raise ConvertError(f"episode {i}: {type(exc).__name__}: {exc}") from exc
                 yield row

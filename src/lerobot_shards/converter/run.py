@@ -42,7 +42,6 @@ from lerobot_shards.converter.job import (
     JobArgs,
     convert_episode,
     convert_episodes,
-    episode_error,
     forget_job,
     job_for,
     no_space,
@@ -370,7 +369,7 @@ def _run_local(
         try:
             for task in batches(todo, 1):
                 for k, i in enumerate(task):
-                    yield _checked(args, i, task[k + 1 :])
+                    yield convert_episode(args, i, task[k + 1 :])
         finally:
             forget_job()
         return
@@ -408,15 +407,6 @@ def _run_local(
         finally:
             for fut in pending:
                 fut.cancel()
-
-
-def _checked(args: JobArgs, episode_index: int, then: list[int]) -> ManifestRow:
-    try:
-        return convert_episode(args, episode_index, then)
-    except ConvertError:
-        raise
-    except Exception as exc:
-        raise episode_error(episode_index, exc) from exc
 
 
 # --------------------------------------------------------------------------------------------
