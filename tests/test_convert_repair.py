@@ -59,11 +59,12 @@ def test_rerun_redoes_a_shard_with_a_flipped_byte(
     assert dataset_files(tmp_path) == clean
 
 
+@pytest.mark.parametrize("how", ["api", "cli"])
 def test_trust_finished_keeps_a_same_size_shard_and_redoes_a_truncated_one(
-    golden_dir: Path, tmp_path: Path
+    how: str, golden_dir: Path, tmp_path: Path
 ):
-    """``trust_finished`` checks sizes only: a flipped byte stays (verify finds it), a shard
-    that lost bytes is redone."""
+    """``trust_finished`` (``--trust-finished``) checks sizes only: a flipped byte stays (verify
+    finds it), a shard that lost bytes is redone."""
     src = str(golden_dir / AV1)
     convert(src, str(tmp_path), workers=0, progress=False)
     flipped, truncated = tmp_path / shard_path(3), tmp_path / shard_path(1)
@@ -71,8 +72,14 @@ def test_trust_finished_keeps_a_same_size_shard_and_redoes_a_truncated_one(
     data[len(data) // 2] ^= 0x01
     flipped.write_bytes(bytes(data))
     truncated.write_bytes(truncated.read_bytes()[:-1])
-    again = convert(src, str(tmp_path), workers=0, progress=False, trust_finished=True)
-    assert (again.episodes, again.converted) == (6, 1)
+    if how == "api":
+        again = convert(src, str(tmp_path), workers=0, progress=False, trust_finished=True)
+        assert (again.episodes, again.converted) == (6, 1)
+    else:
+        args = ["convert", src, str(tmp_path), "--workers", "0", "--trust-finished"]
+        result = subprocess.run([*CLI, *args, "--no-progress"], capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr
+        assert "6 episodes (1 converted, 5 already done)" in result.stdout
     assert [p.episode_index for p in verify_dataset(str(tmp_path))] == [3]
 
 
