@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -32,14 +33,15 @@ MB = 10**6
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """12 episodes of 100 frames, two 240x320 AV1 cameras (GOP 2), in one pool per worker."""
-    root = tmp_path_factory.mktemp("memory")
+    return converted(
+        tmp_path_factory.mktemp("memory"), episode_lengths=[LENGTH] * EPISODES, cameras=CAMERAS
+    )
+
+
+def converted(root: Path, **dataset: Any) -> Path:
+    """A 30 fps factory dataset (``dataset``: its episodes and cameras), converted."""
     make_dataset(
-        root / "source",
-        episode_lengths=[LENGTH] * EPISODES,
-        cameras=CAMERAS,
-        fps=30,
-        data_files_size_in_mb=50,
-        video_files_size_in_mb=50,
+        root / "source", fps=30, data_files_size_in_mb=50, video_files_size_in_mb=50, **dataset
     )
     lerobot_shards.convert(str(root / "source"), str(root / "shards"), progress=False)
     return root / "shards"
@@ -96,19 +98,13 @@ its resident episodes, thread stacks, allocator slack (measured: 33-37 MB)."""
 @pytest.fixture(scope="module")
 def many(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """48 episodes of 60 frames, two 192x256 AV1 cameras: many more than the pools hold."""
-    root = tmp_path_factory.mktemp("memory-many")
-    make_dataset(
-        root / "source",
+    return converted(
+        tmp_path_factory.mktemp("memory-many"),
         episode_lengths=[MANY_LENGTH] * MANY,
         cameras=MANY_CAMERAS,
-        fps=30,
         content="realistic",
         video_variants=4,
-        data_files_size_in_mb=50,
-        video_files_size_in_mb=50,
     )
-    lerobot_shards.convert(str(root / "source"), str(root / "shards"), progress=False)
-    return root / "shards"
 
 
 def stated_bound(shards: Path, budget: int, batch_bytes: int) -> int:
