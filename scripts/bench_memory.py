@@ -13,15 +13,20 @@ anonymous and shared memory (heaps, stacks, batch segments): the PSS of mapped l
 shared with every other process using the same installation and moves with them
 (``testing/memory.py``).
 
-The dataset (generated once by the test factory, as LeRobot records it): 48 episodes of 60
-frames, two 192x256 AV1 cameras, many more episodes than the pools hold. Items show camera a's
-last half second (``delta_timestamps``), so decoded frames are drawn again and the frame cache
-has something to hold; the budgets cut it down.
+The datasets (generated once by the test factory, as LeRobot records them), each with many more
+episodes than the pools hold:
+
+- ``small`` (default): 48 episodes of 60 frames, two 192x256 AV1 cameras, 30 fps. Items show
+  camera a's last half second (``delta_timestamps``), so decoded frames are drawn again and the
+  frame cache has something to hold; the budgets cut it down.
+- ``aloha``: users' scale, 48 episodes of 300, 400 or 500 frames (19,200 frames), three
+  480x640 AV1 cameras, 50 fps; plain items, budgets of 0.3 and 1 GB and none.
 
 The bound (README, docs/performance.md): growth <= the budget + workers x (prefetch_factor + 2)
 x batch bytes + workers x 40 MB (with gc.freeze(); without it, add the copy-on-write).
 
-Usage: ``python scripts/bench_memory.py [--cache DIR] [--workers 2] [--batch-size 8]``.
+Usage: ``python scripts/bench_memory.py [--dataset small|aloha] [--cache DIR] [--workers 2]
+[--batch-size 8]``.
 """
 
 from __future__ import annotations
@@ -32,41 +37,66 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 from _bench_common import cached_conversion, cached_dataset, machine_line
 
 MB = 1e6
-EPISODES, LENGTH = 48, 60
-CAMERAS = {"observation.images.a": (192, 256), "observation.images.b": (192, 256)}
-BACK = {"observation.images.a": [-0.5, -0.4, -0.3, -0.2, -0.1, 0.0]}
 SCRIPT = Path(__file__).resolve().parents[1] / "tests" / "dist_scripts" / "memory_epoch.py"
-SETTINGS = [
-    ("frame_cache_gb=0, no budget", {"frame_cache_gb": 0}),
-    ("byte_budget_gb=0.01", {"byte_budget_gb": 0.01}),
-    ("byte_budget_gb=0.02", {"byte_budget_gb": 0.02}),
-    ("byte_budget_gb=0.04", {"byte_budget_gb": 0.04}),
-    ("byte_budget_gb=0.08", {"byte_budget_gb": 0.08}),
-    ("byte_budget_gb=0.16", {"byte_budget_gb": 0.16}),
-    ("no budget", {}),
-    ("byte_budget_gb=0.04, no gc.freeze", {"byte_budget_gb": 0.04, "gc_freeze": False}),
-]
+BACK = [-0.5, -0.4, -0.3, -0.2, -0.1, 0.0]
+ALOHA = {f"observation.images.cam_{c}": (480, 640) for c in ("high", "left_wrist", "right")}
+DATASETS = {
+    "small": {
+        "lengths": [60] * 48,
+        "cameras": {"observation.images.a": (192, 256), "observation.images.b": (192, 256)},
+        "fps": 30,
+        "what": "2 cameras 192x256, camera a shown 6 frames back",
+        "items": {"delta_timestamps": {"observation.images.a": BACK}},
+        "settings": [
+            ("frame_cache_gb=0, no budget", {"frame_cache_gb": 0}),
+            ("byte_budget_gb=0.01", {"byte_budget_gb": 0.01}),
+            ("byte_budget_gb=0.02", {"byte_budget_gb": 0.02}),
+            ("byte_budget_gb=0.04", {"byte_budget_gb": 0.04}),
+            ("byte_budget_gb=0.08", {"byte_budget_gb": 0.08}),
+            ("byte_budget_gb=0.16", {"byte_budget_gb": 0.16}),
+            ("no budget", {}),
+            ("byte_budget_gb=0.04, no gc.freeze", {"byte_budget_gb": 0.04, "gc_freeze": False}),
+        ],
+    },
+    "aloha": {
+        "lengths": np.random.default_rng(0).choice([300, 400, 500], 48).tolist(),
+        "cameras": ALOHA,
+        "fps": 50,
+        "what": "3 cameras 480x640, 300-500 frames each",
+        "items": {},
+        "settings": [
+            ("byte_budget_gb=0.3", {"byte_budget_gb": 0.3}),
+            ("byte_budget_gb=1", {"byte_budget_gb": 1}),
+            ("no budget", {}),
+        ],
+    },
+}
 WORKING_MEMORY = 40 * MB
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dataset", choices=sorted(DATASETS), default="small")
     parser.add_argument("--cache", type=Path, default=Path("/tmp/lerobot-shards-bench"))
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--prefetch-factor", type=int, default=2)
     args = parser.parse_args()
     print(machine_line(), flush=True)
-    name = f"memory-{EPISODES}ep-2x192x256"
+    spec = DATASETS[args.dataset]
+    lengths, cameras = spec["lengths"], spec["cameras"]
+    height, width = next(iter(cameras.values()))
+    name = f"memory-{len(lengths)}ep-{len(cameras)}x{height}x{width}"
     source = cached_dataset(
         args.cache,
         name,
-        episode_lengths=[LENGTH] * EPISODES,
-        cameras=CAMERAS,
-        fps=30,
+        episode_lengths=lengths,
+        cameras=cameras,
+        fps=spec["fps"],
         video_variants=4,
         data_files_size_in_mb=50,
         video_files_size_in_mb=50,
@@ -77,8 +107,8 @@ def main() -> None:
 
     w = args.workers
     print(
-        f"dataset: {shards} ({EPISODES} episodes of {LENGTH} frames, 2 cameras 192x256, camera a "
-        f"shown 6 frames back); {w} DataLoader workers, batch {args.batch_size}, prefetch_factor "
+        f"dataset: {shards} ({len(lengths)} episodes, {sum(lengths)} frames, {spec['what']}); "
+        f"{w} DataLoader workers, batch {args.batch_size}, prefetch_factor "
         f"{args.prefetch_factor}, buffer_size=8; MB = 10**6 bytes; data = PSS of anonymous + "
         "shared memory of the tree",
         flush=True,
@@ -87,8 +117,8 @@ def main() -> None:
         f"  {'setting':<28} {'pool+cache (counted)':>20} {'baseline':>9} {'peak':>7} "
         f"{'growth':>7} {'in flight':>9} {'bound':>7}  {'PSS peak':>8}  frames"
     )
-    for label, options in SETTINGS:
-        options = {"buffer_size": 8, "delta_timestamps": BACK, **options}
+    for label, options in spec["settings"]:
+        options = {"buffer_size": 8, **spec["items"], **options}
         freeze = options.pop("gc_freeze", True)
         command = [
             sys.executable,
@@ -118,7 +148,7 @@ def main() -> None:
         else:
             b = w * part.pool + w * part.cache + in_flight
             bound = f"{(b + w * WORKING_MEMORY) / MB:.0f}"
-        ok = len(r["frames"]) == EPISODES * LENGTH == len(set(r["frames"]))
+        ok = r["frames"] == list(range(sum(lengths)))
         print(
             f"  {label:<28} {counted:>20} {r['baseline_data'] / MB:9.0f} "
             f"{r['peak_data'] / MB:7.0f} {growth / MB:7.0f} {in_flight / MB:9.0f} {bound:>7}  "
