@@ -4,6 +4,8 @@ than its cap beyond the draw being built, and read_ahead runs a source far enoug
 
 from __future__ import annotations
 
+import tracemalloc
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -128,3 +130,27 @@ def test_read_ahead_reads_a_window_of_draws_past_each_event():
         done = sum(c for n, c in enumerate([3, 0, 5, 2, 4, 0, 1]) if n <= event[0])
         assert past - done >= 6 or len(read) == 7
     assert seen == list(range(7))
+
+
+def test_registered_uses_cost_little_memory():
+    """The plan's look-ahead registers every frame of 8,192 draws per camera: at three cameras
+    about 25,000 keys per process, most used once. Their bookkeeping must stay small (a deque
+    per key cost about 850 bytes with its entry: 20 MB here)."""
+    keys = [(("epoch", d % 64), camera, d) for d in range(8192) for camera in "abc"]
+    cache = FrameCache(0)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for draw, key in enumerate(keys):
+            cache.expect(draw // 3, [key])
+        cache.expect(9000, keys[:300])  # a few frames drawn twice
+        per_key = (tracemalloc.get_traced_memory()[0] - before) / len(keys)
+    finally:
+        tracemalloc.stop()
+    assert per_key < 150, per_key
+    assert cache.next_use(keys[5]) == 1
+    cache.take(keys[5])
+    assert cache.next_use(keys[5]) == 9000
+    cache.take(keys[5])
+    assert cache.next_use(keys[5]) is None
+    assert cache.next_use(keys[400]) == 133
