@@ -19,7 +19,7 @@ episodes than the pools hold:
 - ``small`` (default): 48 episodes of 60 frames, two 192x256 AV1 cameras, 30 fps. Items show
   camera a's last half second (``delta_timestamps``), so decoded frames are drawn again and the
   frame cache has something to hold; the budgets cut it down.
-- ``aloha``: users' scale, 48 episodes of 300, 400 or 500 frames (19,200 frames), three
+- ``aloha``: users' scale, 48 episodes of 300, 400 or 500 frames (18,800 frames), three
   480x640 AV1 cameras, 50 fps; plain items under budgets of 0.3 and 1 GB and none, and items
   that show cam_high's last 0.1 s (6 frames) under 0.3 GB.
 
