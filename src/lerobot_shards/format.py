@@ -61,7 +61,17 @@ def video_member(episode_index: int, camera_key: str) -> str:
 
 def checksum(data: bytes | memoryview) -> str:
     """``algo:hexdigest`` of a byte span, as stored in the manifest."""
-    return f"{CHECKSUM_ALGO}:{hashlib.sha256(data).hexdigest()}"
+    return checksum_of(new_digest(data))
+
+
+def new_digest(data: bytes | memoryview = b"") -> hashlib._Hash:
+    """A hash of the manifest's algorithm, to feed a span piece by piece (``checksum_of``)."""
+    return hashlib.new(CHECKSUM_ALGO, data)
+
+
+def checksum_of(digest: hashlib._Hash) -> str:
+    """``algo:hexdigest`` of a hash fed with a span, as stored in the manifest."""
+    return f"{CHECKSUM_ALGO}:{digest.hexdigest()}"
 
 
 def join(root: str, relative: str) -> str:

@@ -10,7 +10,6 @@ object storage it downloads them, in parallel.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import posixpath
 from concurrent.futures import ThreadPoolExecutor
@@ -19,7 +18,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from lerobot_shards.converter.job import read_records
-from lerobot_shards.format import CHECKSUM_ALGO, SHARDS_DIR, ManifestRow, join
+from lerobot_shards.format import SHARDS_DIR, ManifestRow, checksum_of, join, new_digest
 
 _PIECE = 4 << 20
 THREADS = 32
@@ -56,7 +55,7 @@ def finished_rows(
 
 def _intact(fs: fsspec.AbstractFileSystem, root: str, row: ManifestRow) -> bool:
     """Whether the shard's span hashes to the recorded checksum (read a piece at a time)."""
-    digest = hashlib.new(CHECKSUM_ALGO)
+    digest = new_digest()
     try:
         with fs.open(join(root, row.shard), "rb", block_size=_PIECE) as f:
             f.seek(row.offset)
@@ -69,4 +68,4 @@ def _intact(fs: fsspec.AbstractFileSystem, root: str, row: ManifestRow) -> bool:
                 left -= len(piece)
     except FileNotFoundError:
         return False
-    return f"{CHECKSUM_ALGO}:{digest.hexdigest()}" == row.checksum
+    return checksum_of(digest) == row.checksum

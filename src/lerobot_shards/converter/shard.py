@@ -10,7 +10,6 @@ umask, so a finished shard has the permissions of the manifest beside it.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import os
 import posixpath
@@ -28,12 +27,13 @@ from fsspec.implementations.local import LocalFileSystem
 
 from lerobot_shards.converter.cut import SourceVideo
 from lerobot_shards.format import (
-    CHECKSUM_ALGO,
     EpisodeHeader,
     ManifestRow,
     Member,
+    checksum_of,
     episode_key,
     join,
+    new_digest,
     shard_path,
 )
 from lerobot_shards.source import Source
@@ -65,7 +65,7 @@ class _HashingWriter:
 
     def __init__(self, raw: BinaryIO) -> None:
         self.raw = raw
-        self.hash = hashlib.new(CHECKSUM_ALGO)
+        self.hash = new_digest()
         self.size = 0
 
     def write(self, data: bytes) -> None:
@@ -198,7 +198,7 @@ def write_tar(
     # End of archive: two zero blocks, padded to a whole record as tar tools expect.
     end = 2 * tarfile.BLOCKSIZE
     out.write(bytes(end + (-(out.size + end) % tarfile.RECORDSIZE)))
-    return f"{CHECKSUM_ALGO}:{out.hash.hexdigest()}", spans
+    return checksum_of(out.hash), spans
 
 
 def write_episode_shard(
