@@ -279,7 +279,7 @@ def _remux(stream: av.video.stream.VideoStream, span: list[_Pkt]) -> bytes:
     return buf.getvalue()
 
 
-def _check_cut(data: bytes, camera: CameraHeader, where: str, decode: bool = True) -> None:
+def _check_cut(data: bytes, camera: CameraHeader, where: str, decode: bool) -> None:
     """Re-read the cut's sample table: it must hold the frames the header says; and if
     ``decode``, decode its first frame (the keyframe it starts at, on one thread: no decoder
     thread pool to start)."""

@@ -77,8 +77,7 @@ class ShardedLeRobotDataset(IterableDataset):
     bytes alone exceed a worker's share; a budget that holds fewer than ``buffer_size``
     median-sized episodes is warned about (:class:`SmallPoolWarning`).
     Batches in flight in the DataLoader are outside the budget (the README says what else, and
-    by how much). ``repeat=True`` streams epoch
-    after epoch.
+    by how much). ``repeat=True`` streams epoch after epoch.
     ``delta_timestamps``, ``tolerance_s``, ``image_transforms``, ``return_uint8`` and
     ``video_backend`` shape items as in LeRobot. ``pad=False`` turns off the padding that gives
     every rank and worker the same number of samples (for evaluation).
