@@ -21,7 +21,13 @@ from support.s3 import S3Bucket, S3Server
 import lerobot_shards
 from lerobot_shards import ShardedLeRobotDataset
 from lerobot_shards.converter.check import verify_dataset
-from lerobot_shards.format import INDEX_FILE, MANIFEST_FILE, manifest_rows, read_manifest
+from lerobot_shards.format import (
+    INDEX_FILE,
+    MANIFEST_FILE,
+    manifest_rows,
+    read_manifest,
+    shard_path,
+)
 from lerobot_shards.testing.factory import make_dataset
 
 pytestmark = pytest.mark.timeout(240)
@@ -135,11 +141,11 @@ def test_stream_from_s3_one_ranged_read_per_episode_per_epoch(
 
 
 def test_conversion_to_s3_killed_midway_resumes_and_completes(
-    s3_bucket: S3Bucket, tmp_path: Path
+    s3_bucket: S3Bucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A real ``lerobot-shards convert`` to S3 (credentials and endpoint from the environment,
     as users run it), SIGKILLed after a few episodes; the rerun finishes the rest."""
-    episodes = 48  # enough that the kill lands mid-run even when this machine is slow to poll
+    episodes, stalled = 48, 40
     src = make_dataset(
         tmp_path / "src",
         episode_lengths=[3] * episodes,
@@ -149,6 +155,12 @@ def test_conversion_to_s3_killed_midway_resumes_and_completes(
     url = s3_bucket.url("killed")
     done = f"/{s3_bucket.name}/killed/.convert/done/"
     proxy = s3_bucket.proxy
+    # The upload of episode 40's shard is held unanswered, so the run cannot finish before the
+    # kill however slowly this loop polls (it once finished all 48 first on a busy machine).
+    monkeypatch.setattr(proxy, "stall_s", 120.0)
+    proxy.set_faults(
+        1.0, kinds=("stall",), methods=["PUT"], path_contains=f"/killed/{shard_path(stalled)}"
+    )
     cmd = [sys.executable, "-m", "lerobot_shards.cli", "convert", str(src), url]
     proc = subprocess.Popen(
         [*cmd, "--workers", "1", "--no-progress"],
@@ -166,12 +178,13 @@ def test_conversion_to_s3_killed_midway_resumes_and_completes(
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
+        proxy.set_faults(0.0)
     fs = s3_bucket.server.direct_filesystem
     fs.invalidate_cache()
     root = f"{s3_bucket.name}/killed"
     assert not fs.exists(f"{root}/{INDEX_FILE}"), "the conversion finished before it was killed"
     finished = len(fs.find(f"{root}/.convert/done"))
-    assert 3 <= finished < episodes
+    assert 3 <= finished <= stalled
 
     summary = lerobot_shards.convert(
         str(src), url, dest_storage_options=s3_bucket.storage_options, workers=0, progress=False
