@@ -16,6 +16,7 @@ import os
 import socket
 import threading
 import time
+import warnings
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -332,12 +333,64 @@ def readers_retries_only(s3_av1: tuple[S3Bucket, str], monkeypatch: pytest.Monke
     """The README's storage options (botocore's retries off) with 1 s timeouts, and s3fs's
     own retry loop off too (it has no option for it: ``S3FileSystem.retries``, a class
     attribute, 5), in this process. Left below the reader: aiohttp's one resend of a request
-    whose reused keep-alive connection was reset before any answer."""
+    whose reused keep-alive connection was reset before any answer.
+
+    A stall holds its request 10 s: the client's 1 s read timeout ends it first even when a
+    loaded machine runs the client's timer late (at 1.5 s a late timer saw the connection
+    close instead, and aiohttp resent the request)."""
     bucket, _ = s3_av1
     monkeypatch.setattr(s3fs.S3FileSystem, "retries", 1)
-    monkeypatch.setattr(bucket.proxy, "stall_s", 1.5)
+    monkeypatch.setattr(bucket.proxy, "stall_s", 10.0)
     config = {"retries": {"total_max_attempts": 1}, "read_timeout": 1, "connect_timeout": 1}
     return {**bucket.storage_options, "config_kwargs": config}
+
+
+def _object(message: str) -> str:
+    """The object a retry warning of the reader names, as the proxy logs its path."""
+    where = message.split(": ", 1)[0].removeprefix("s3://")
+    return "/" + where.split(" (episode ")[0]
+
+
+def _account_for_retries(log: list, messages: list[str], reads: Counter) -> Counter:
+    """Match the reader's retry warnings (``messages``) to what the proxy did (``log``), object
+    by object, where each object has to be read ``reads[path]`` times; return, by object, the
+    read timeouts that no injected stall explains: genuine slowness (a loaded machine now and
+    then answers later than the client's 1 s timeout), which the reader retries as it must.
+
+    Each request the proxy saw is one attempt of the reader's, or aiohttp's resend of a request
+    reset before any answer. Each attempt is a needed read or one retry, for its injected fault
+    (500, 503, short body, torn body, reset: the same cause; stall: a read timeout), or a read
+    timeout if its answer, faulty or not, came too late. So, for every object: no cause but
+    the injected ones; no more retries for a fault than it was injected; the proxy answered
+    (without a fault) the reads plus some ``late`` answers; and the timeouts are the stalls, the
+    late answers, the faults seen as timeouts instead and, at most, the resets not retried as
+    such. With no genuine slowness this is: every fault but a reset is exactly one retry with
+    its cause, the proxy answered exactly the reads. A retry below the reader (botocore's,
+    s3fs's) answers a request without a retry of the reader's, and this fails."""
+    genuine: Counter = Counter()
+    for path in sorted({r.path for r in log} | set(reads) | {_object(m) for m in messages}):
+        injected = Counter(r.fault for r in log if r.path == path and r.fault)
+        late = sum(1 for r in log if r.path == path and not r.fault) - reads[path]
+        retried = Counter(_cause(m) for m in messages if _object(m) == path)
+        where = (path, "injected", dict(injected), "retried", dict(retried), "late", late)
+        assert set(retried) <= set(ALL_FAULT_KINDS), where
+        unseen = {k: injected[k] - retried[k] for k in ALL_FAULT_KINDS if k != "stall"}
+        assert min(unseen.values()) >= 0 and late >= 0, where
+        timeouts = retried["stall"]
+        not_resets = injected["stall"] + late + sum(n for k, n in unseen.items() if k != "reset")
+        assert 0 <= timeouts - not_resets <= unseen["reset"], where
+        genuine[path] = timeouts - injected["stall"]
+    return +genuine
+
+
+def _report_genuine(genuine: Counter, phase: str) -> None:
+    """Say (in the warnings summary) how many read timeouts were the machine's, not faults."""
+    if genuine:
+        warnings.warn(
+            f"{phase}: {genuine.total()} read timeout(s) no injected stall explains (a slow "
+            f"machine: answers came late), each matched and retried: {dict(genuine)}",
+            stacklevel=2,
+        )
 
 
 def test_the_readers_own_retries_carry_epochs_through_twenty_percent_faults(
@@ -346,25 +399,38 @@ def test_the_readers_own_retries_carry_epochs_through_twenty_percent_faults(
     """Only the reader retries. Opening the dataset through 20% faults (seeded), then 3 epochs
     through 20% faults of every kind on the shard reads, torn bodies and stalls included: the
     same items in the same order as without faults. Every fault but a reset (aiohttp resends
-    those on a reused connection) is one retry of the reader's, by cause: nothing below it
-    retried."""
+    those on a reused connection) is one retry of the reader's on the same object, by cause:
+    nothing below it retried (:func:`_account_for_retries`). A read that timed out on an answer
+    the proxy sent (the machine was slow, not faulty) is a retry too, counted apart, matched to
+    that answer and reported; it draws the object's next fault early, so the seeded draws
+    then reach further: more faults, never fewer."""
     bucket, url = s3_av1
     proxy = bucket.proxy
     options = readers_retries_only
     epochs = 3
     proxy.set_faults(0.0)
-    clean = _epochs(ShardedLeRobotDataset(url, storage_options=options, seed=3), 0, epochs)
+    proxy.clear()
+    clean_ds = ShardedLeRobotDataset(url, storage_options=options, seed=3)
+    # Opening reads each metadata file once; an epoch reads each shard once.
+    meta_reads = Counter({r.path for r in proxy.log})
+    proxy.clear()
+    clean = _epochs(clean_ds, 0, epochs)
+    shard_reads = Counter({r.path: epochs for r in proxy.log})
+    assert len(meta_reads) == 5 and len(shard_reads) == 6, (meta_reads, shard_reads)
     for epoch in clean:
         assert sorted(int(i["index"]) for i in epoch) == list(range(FRAMES))
 
     caplog.set_level(logging.WARNING, logger="lerobot_shards.reader.fetch")
-    # Seed 2 breaks three of the five metadata reads: a 500, a short body and a stall.
+    # Seed 2 breaks the metadata reads with a 500, a short body and a stall.
     proxy.set_faults(0.2, seed=2, kinds=[*FAULT_KINDS, "stall"])
     proxy.clear()
+    caplog.clear()
     ds = ShardedLeRobotDataset(url, storage_options=options, seed=3)
+    genuine = _account_for_retries(proxy.log, caplog.messages, meta_reads)
+    _report_genuine(genuine, "opening")
     faults = Counter(r.fault for r in proxy.log if r.fault)
-    retries = Counter(_cause(r.getMessage()) for r in caplog.records)
-    assert faults == retries == Counter({"500": 1, "short": 1, "stall": 1}), (faults, retries)
+    drawn = Counter({"500": 1, "short": 1, "stall": 1})
+    assert faults == drawn if not genuine else faults >= drawn, (faults, genuine)
 
     # Seed 0 breaks shard reads with every kind of fault over the 3 epochs.
     proxy.set_faults(0.2, seed=0, kinds=ALL_FAULT_KINDS, path_contains="/shards/")
@@ -374,13 +440,11 @@ def test_the_readers_own_retries_carry_epochs_through_twenty_percent_faults(
     proxy.set_faults(0.0)
     for got, want in zip(faulty, clean, strict=True):
         _assert_same_items(got, want)
+    assert all(r.fault or r.status == 206 for r in proxy.log)
     faults = Counter(r.fault for r in proxy.log if r.fault)
     assert set(faults) == set(ALL_FAULT_KINDS), faults
-    assert all(r.fault or r.status == 206 for r in proxy.log)
-    retries = Counter(_cause(r.getMessage()) for r in caplog.records)
-    # aiohttp resends a request whose reused connection was reset before any answer (once)
-    assert retries.pop("reset", 0) <= faults.pop("reset")
-    assert retries == faults, (retries, faults)
+    genuine = _account_for_retries(proxy.log, caplog.messages, shard_reads)
+    _report_genuine(genuine, "3 epochs")
 
 
 def test_readme_options_carry_dataloader_workers_through_torn_reads_and_stalls(
@@ -413,9 +477,12 @@ def test_torn_reads_past_the_retries_name_shard_and_episode(
     s3_av1: tuple[S3Bucket, str], readers_retries_only: dict, num_workers: int
 ) -> None:
     """Every shard read torn: the reader retries and then says which shard and episode, and
-    that its reads differed (torn, not a corrupt shard)."""
+    that its reads differed (torn, not a corrupt shard). No stalls here: a 30 s read timeout,
+    so that a slow answer on a loaded machine is not one more retry (the error counts them)."""
     bucket, url = s3_av1
-    ds = ShardedLeRobotDataset(url, storage_options=readers_retries_only, seed=3)
+    config = {**readers_retries_only["config_kwargs"], "read_timeout": 30}
+    options = {**readers_retries_only, "config_kwargs": config}
+    ds = ShardedLeRobotDataset(url, storage_options=options, seed=3)
     ds.fetch_retries = 2
     bucket.proxy.set_faults(1.0, kinds=["torn"], path_contains="/shards/")
     bucket.proxy.clear()
