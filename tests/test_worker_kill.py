@@ -21,15 +21,25 @@ from lerobot_shards import ShardedDataLoader, ShardedLeRobotDataset
 pytestmark = [
     pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),
     pytest.mark.skipif(not Path("/proc/self").exists(), reason="needs Linux /proc"),
+    # 10-20 s each on a loaded 2-core machine: a hang fails instead of blocking CI.
+    pytest.mark.timeout(180),
 ]
 
 BATCH = 4
 WORKERS = 2
 KILL_AFTER = 3  # batches consumed before the kill
+BATCH_TIMEOUT_S = 60
+"""The DataLoader's ``timeout``: a batch that takes longer (a worker alive but hung, which the
+DataLoader's own check for dead workers does not notice) is an error, not a wait forever. A
+batch takes well under a second."""
 
 
 def dataset(root: Path) -> ShardedLeRobotDataset:
     return ShardedLeRobotDataset(root, buffer_size=3, seed=11)
+
+
+def loader(root: Path, timeout: float = BATCH_TIMEOUT_S, **kwargs) -> ShardedDataLoader:
+    return ShardedDataLoader(dataset(root), BATCH, num_workers=WORKERS, timeout=timeout, **kwargs)
 
 
 def note_pid(pids, worker_id: int) -> None:
@@ -56,30 +66,30 @@ def shm_entries(pids: set[int]) -> set[str]:
 
 @pytest.mark.parametrize("persistent", [False, True])
 def test_a_killed_worker_fails_clearly_and_the_last_checkpoint_resumes_exactly(av1, persistent):
-    full = [
-        b["index"].tolist() for b in ShardedDataLoader(dataset(av1), BATCH, num_workers=WORKERS)
-    ]
-    full = [i for b in full for i in b]
+    full = [i for b in loader(av1) for i in b["index"].tolist()]
     assert sorted(full) == list(range(len(full)))
 
     threads_before = threading.active_count()
     shm_before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
     pids = multiprocessing.get_context().Array("i", WORKERS)
-    loader = ShardedDataLoader(
-        dataset(av1),
-        BATCH,
-        num_workers=WORKERS,
+    # No batch timeout here: with one, the DataLoader looks for dead workers only when a wait
+    # for a batch times out (its workers come from the forkserver, so no SIGCHLD reaches this
+    # process), and noticing the kill took the whole timeout (60 s) instead of its 5 s poll.
+    # The module's timeout guards this loop.
+    killed = loader(
+        av1,
+        timeout=0,
         persistent_workers=persistent,
         worker_init_fn=functools.partial(note_pid, pids),
     )
     consumed: list[list[int]] = []
-    state = loader.state_dict()  # the checkpoint at the start of the epoch
+    state = killed.state_dict()  # the checkpoint at the start of the epoch
     victim = None
     with pytest.raises(RuntimeError, match=r"DataLoader worker \(pids?\(?s?\)? [\d, ]+\)") as err:
-        for batch in loader:
+        for batch in killed:
             indices = batch["index"].tolist()
             del batch
-            after = loader.state_dict()  # checkpoint after every consumed batch, as the README
+            after = killed.state_dict()  # checkpoint after every consumed batch, as the README
             consumed.append(indices)
             state = after
             if len(consumed) == KILL_AFTER:
@@ -107,7 +117,8 @@ def test_a_killed_worker_fails_clearly_and_the_last_checkpoint_resumes_exactly(a
 
     # Resume from the last checkpoint: exactly the rest of the epoch, in order. A persistent
     # loader whose epoch failed starts new workers, so the state loads into it; else a new one.
-    resumed = loader if persistent else ShardedDataLoader(dataset(av1), BATCH, num_workers=WORKERS)
+    resumed = killed if persistent else loader(av1)
+    resumed.timeout = BATCH_TIMEOUT_S  # the killed loader had none (above)
     resumed.load_state_dict(state)
     rest = [i for b in resumed for i in b["index"].tolist()]
     assert before + rest == full
