@@ -4,20 +4,22 @@
 # LeRobot users run: golden items (v3.0 and v2.1), reader, collate, resume, checkpoints, and the
 # LeRobot tests (meta, training, the example under torchrun, the factory's aggregated layout
 # against LeRobot's own aggregate_datasets, episodes cut mid-GOP against LeRobot's own items).
-# LEROBOT_ENV=0 skips the second run.
+# LEROBOT_ENV=0 skips the second run. Each run names the optional components it requires
+# (LEROBOT_SHARDS_REQUIRE, tests/support/required.py): their tests fail, never skip, if one is
+# missing; -rs lists every skip, with its reason, at the end of each run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-.venv/bin/python -m pytest -q "$@"
+LEROBOT_SHARDS_REQUIRE="ray" .venv/bin/python -m pytest -q -rs "$@"
 if [ "${LEROBOT_ENV:-1}" != 0 ]; then
   started=$(date +%s)
   bash scripts/setup_lerobot_env.sh
   echo "LeRobot 0.6.1 environment ready in $(($(date +%s) - started)) s"
-  .venv-lerobot/bin/python -m pytest -q "$@" \
-    tests/test_golden.py tests/test_reader.py tests/test_decode.py tests/test_rgb24.py \
-    tests/test_collate.py tests/test_transfer.py tests/test_elastic_resume.py \
+  LEROBOT_SHARDS_REQUIRE="lerobot torchcodec" .venv-lerobot/bin/python -m pytest -q -rs "$@" \
+    tests/test_environment.py tests/test_readme.py tests/test_golden.py tests/test_reader.py \
+    tests/test_decode.py tests/test_rgb24.py tests/test_collate.py tests/test_transfer.py tests/test_elastic_resume.py \
     tests/test_loader.py tests/test_s3.py tests/test_lerobot_meta.py tests/test_lerobot_training.py \
     tests/test_stats.py tests/test_mixture_reader.py tests/test_lerobot_aggregate.py \
     tests/test_long_gop.py

@@ -4,20 +4,20 @@ is decoded once when the cache has room, and what it drops is decoded again, sti
 
 from __future__ import annotations
 
-import importlib.util
 from concurrent.futures import ThreadPoolExecutor
 
 import av
 import numpy as np
 import pytest
 import torch
+from support.required import import_error
 
 from lerobot_shards.reader.decode import DecodeError, Video, check_backend
 from lerobot_shards.reader.episode import CameraFrames
 from lerobot_shards.reader.frame_cache import FrameCache
 
 VIDEO = "av1_multifile/videos/observation.images.cam_high/chunk-000/file-000.mp4"
-HAS_TORCHCODEC = importlib.util.find_spec("torchcodec") is not None
+HAS_TORCHCODEC = import_error("torchcodec") is None
 
 
 @pytest.fixture(scope="module")

@@ -12,11 +12,14 @@ import av
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from support.required import importorskip
 
 from lerobot_shards.testing import make_dataset
 from lerobot_shards.testing.aggregate import aggregate
 
-aggregate_module = pytest.importorskip("lerobot.datasets.aggregate")
+aggregate_module = importorskip(
+    "lerobot.datasets.aggregate", reason="LeRobot is optional; CI's LeRobot env runs this"
+)
 
 CAMERAS = {"observation.images.cam_high": (24, 32), "observation.images.cam_wrist": (24, 32)}
 # Small limits: the parts' files are several, and the merged files roll over too.

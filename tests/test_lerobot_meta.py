@@ -8,6 +8,7 @@ import json
 
 import numpy as np
 import pytest
+from support.required import importorskip
 
 from lerobot_shards import ShardedLeRobotDataset
 
@@ -47,7 +48,7 @@ def test_meta_reads_as_lerobots(av1, golden_dir):
 
 
 def test_meta_equals_lerobots_own(av1, golden_dir):
-    metadata = pytest.importorskip(
+    metadata = importorskip(
         "lerobot.datasets.dataset_metadata",
         reason="LeRobot is optional here; CI's LeRobot environment runs this",
     )

@@ -19,6 +19,7 @@ from pathlib import Path
 import av
 import pytest
 import torch
+from support.required import importorskip
 
 from lerobot_shards import ShardedLeRobotDataset, convert
 from lerobot_shards.converter.check import verify_dataset
@@ -138,7 +139,7 @@ def test_epoch_equals_source(recording: Path, converted: Path, options: dict):
 
 def test_torchcodec_epoch_equals_source(recording: Path, converted: Path):
     """The torchcodec backend decodes each camera's frames, skipped and tail ones too, by index."""
-    pytest.importorskip("torchcodec", reason="torchcodec is optional")
+    importorskip("torchcodec", reason="torchcodec is optional")
     options = {"delta_timestamps": DELTA, "video_backend": "torchcodec"}
     source = LeRobotSource(str(recording), **options)
     items = list(ShardedLeRobotDataset(converted, buffer_size=2, **options))
@@ -150,7 +151,7 @@ def test_torchcodec_epoch_equals_source(recording: Path, converted: Path):
 
 def test_equals_lerobots_own(recording: Path, converted: Path):
     """LeRobot's LeRobotDataset reads the recording as LeRobotSource does (its env runs this)."""
-    pytest.importorskip("lerobot", reason="LeRobot is optional; CI's LeRobot env runs this")
+    importorskip("lerobot", reason="LeRobot is optional; CI's LeRobot env runs this")
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
     theirs = LeRobotDataset(

@@ -15,6 +15,7 @@ from pathlib import Path
 import fsspec
 import pytest
 from click.testing import CliRunner
+from support.required import importorskip
 
 from lerobot_shards import convert
 from lerobot_shards.cli import main
@@ -31,7 +32,7 @@ NO_RAY = "ray is not installed (pip install 'lerobot-shards[ray]'); CI installs 
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[str]:
     """A local Ray instance for the session; yields its address."""
-    ray = pytest.importorskip("ray", reason=NO_RAY)
+    ray = importorskip("ray", reason=NO_RAY)
     with pytest.MonkeyPatch.context() as mp:
         # Set before ray.init, so Ray's own processes and workers inherit them.
         mp.setenv("RAY_USAGE_STATS_ENABLED", "0")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import multiprocessing
 import re
@@ -14,6 +13,7 @@ import fsspec
 import numpy as np
 import pytest
 import torch
+from support.required import import_error
 from torch.utils.data import DataLoader
 
 from lerobot_shards import ShardedLeRobotDataset, UncheckedStateWarning
@@ -32,7 +32,7 @@ from lerobot_shards.source import LeRobotSource
 AV1 = "av1_multifile"
 FRAMES = 74
 EPISODE_LENGTHS = (12, 1, 30, 9, 17, 5)
-HAS_TORCHCODEC = importlib.util.find_spec("torchcodec") is not None
+HAS_TORCHCODEC = import_error("torchcodec") is None
 
 
 def indices(items) -> list[int]:

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
+from support.required import importorskip
 
 from lerobot_shards.reader.stats import aggregate_stats
 
@@ -200,7 +201,7 @@ def golden_stats(name: str) -> dict[str, dict[str, np.ndarray]]:
 
 
 def test_same_as_lerobot() -> None:
-    compute_stats = pytest.importorskip(
+    compute_stats = importorskip(
         "lerobot.datasets.compute_stats",
         reason="LeRobot is optional; CI runs this in LeRobot's environment",
     )
