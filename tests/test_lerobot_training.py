@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from support.required import importorskip
 from torch.utils.data import default_collate
 
-lerobot = pytest.importorskip("lerobot", reason="LeRobot is optional; CI's LeRobot env runs this")
+lerobot = importorskip("lerobot", reason="LeRobot is optional; CI's LeRobot env runs this")
 from lerobot.datasets.factory import resolve_delta_timestamps  # noqa: E402
 from lerobot.datasets.lerobot_dataset import LeRobotDataset  # noqa: E402
 from lerobot.policies.act.configuration_act import ACTConfig  # noqa: E402
@@ -87,12 +88,21 @@ def test_batch_and_loss_equal_lerobots_own(av1, golden_dir, setup):
             assert batch[key].dtype == value.dtype and torch.equal(batch[key], value), key
         else:
             assert batch[key] == value, key
-    losses = []
-    for b in (batch, theirs):
+
+    def loss_on(b: dict) -> torch.Tensor:
         torch.manual_seed(1)
-        loss, _ = policy.forward(preprocessor(as_training_loop(b, ds.meta.camera_keys)))
-        losses.append(loss)
-    assert torch.isfinite(losses[0]) and torch.equal(losses[0], losses[1])
+        return policy.forward(preprocessor(as_training_loop(b, ds.meta.camera_keys)))[0]
+
+    # The loss is a computed float. Our frames are channels_last and LeRobot's contiguous, and a
+    # CPU may run other convolution kernels for each layout (an Intel Xeon with AVX-512 gave
+    # 0.74200398 against 0.74200392). Made contiguous, our batch is the same bytes in the same
+    # layout as LeRobot's, so the same kernels run on the same inputs: bit-equal is fair there.
+    contiguous = {k: v.contiguous() if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+    ours, lerobots = loss_on(contiguous), loss_on(theirs)
+    assert torch.isfinite(ours) and torch.equal(ours, lerobots)
+    # As delivered (channels_last), the same loss up to float32 rounding of another summation
+    # order (relative 1e-7 seen); a wrong frame or row is caught above, by the batch itself.
+    assert torch.allclose(loss_on(batch), lerobots, rtol=1e-5, atol=0)
 
 
 def test_loss_goes_down_and_a_checkpoint_resumes_exactly(av1, setup):
