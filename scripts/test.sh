@@ -6,13 +6,13 @@
 # against LeRobot's own aggregate_datasets, episodes cut mid-GOP against LeRobot's own items).
 # LEROBOT_ENV=0 skips the second run. Each run names the optional components it requires
 # (LEROBOT_SHARDS_REQUIRE, tests/support/required.py): their tests fail, never skip, if one is
-# missing; -rs lists every skip, with its reason, at the end of each run.
+# missing; every skip is listed, with its reason, at the end of each run (-ra in pyproject.toml).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-LEROBOT_SHARDS_REQUIRE="ray" .venv/bin/python -m pytest -q -rs "$@"
+LEROBOT_SHARDS_REQUIRE="ray" .venv/bin/python -m pytest -q "$@"
 if [ "${LEROBOT_ENV:-1}" != 0 ]; then
   started=$(date +%s)
   bash scripts/setup_lerobot_env.sh
@@ -20,9 +20,9 @@ if [ "${LEROBOT_ENV:-1}" != 0 ]; then
   # Another CPU's kernels, emulated: torch's plain (unvectorised) kernels compute the layouts'
   # losses differently, as an AVX-512 Intel Xeon's did; the loss comparison must hold there too.
   ATEN_CPU_CAPABILITY=default LEROBOT_SHARDS_REQUIRE="lerobot torchcodec" \
-    .venv-lerobot/bin/python -m pytest -q -rs "$@" \
+    .venv-lerobot/bin/python -m pytest -q "$@" \
     tests/test_lerobot_training.py::test_batch_and_loss_equal_lerobots_own
-  LEROBOT_SHARDS_REQUIRE="lerobot torchcodec" .venv-lerobot/bin/python -m pytest -q -rs "$@" \
+  LEROBOT_SHARDS_REQUIRE="lerobot torchcodec" .venv-lerobot/bin/python -m pytest -q "$@" \
     tests/test_environment.py tests/test_readme.py tests/test_golden.py tests/test_reader.py \
     tests/test_decode.py tests/test_rgb24.py tests/test_simd_levels.py tests/test_collate.py \
     tests/test_transfer.py tests/test_elastic_resume.py tests/test_loader.py tests/test_s3.py tests/test_lerobot_meta.py tests/test_lerobot_training.py \
