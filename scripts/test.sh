@@ -18,9 +18,10 @@ if [ "${LEROBOT_ENV:-1}" != 0 ]; then
   bash scripts/setup_lerobot_env.sh
   echo "LeRobot 0.6.1 environment ready in $(($(date +%s) - started)) s"
   # Another CPU's kernels, emulated: torch's plain (unvectorised) kernels compute the layouts'
-  # losses differently, as an AVX-512 Intel Xeon's did; the loss comparison must hold there too.
+  # losses differently, as an AVX-512 Intel Xeon's did; the loss comparison and the golden items
+  # (frames made float in torch) must hold there too. FFmpeg's levels: tests/test_simd_levels.py.
   ATEN_CPU_CAPABILITY=default LEROBOT_SHARDS_REQUIRE="lerobot torchcodec" \
-    .venv-lerobot/bin/python -m pytest -q "$@" \
+    .venv-lerobot/bin/python -m pytest -q "$@" tests/test_golden.py \
     tests/test_lerobot_training.py::test_batch_and_loss_equal_lerobots_own
   LEROBOT_SHARDS_REQUIRE="lerobot torchcodec" .venv-lerobot/bin/python -m pytest -q "$@" \
     tests/test_environment.py tests/test_readme.py tests/test_golden.py tests/test_reader.py \
