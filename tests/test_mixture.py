@@ -1,6 +1,7 @@
 """The weighted mixture's epochs, pure (no I/O): samples per dataset, the units of every epoch,
 and the planner over them, checked as whole multisets of (episode, frame) and whole sets of
-sample ids over epochs, world sizes, workers and elastic resumes."""
+sample ids over epochs, world sizes, workers and elastic resumes. What a checkpoint consumed is
+taken from the uninterrupted streams (made without elastic.py), never from the planner."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from lerobot_shards.reader.elastic import Checkpoint, Layout, Ordering, Planner
+from lerobot_shards.reader.elastic import Checkpoint, Layout, Ordering, Part, Planner
 from lerobot_shards.reader.mixture import MixturePlan, Units, samples_per_dataset
-from lerobot_shards.reader.plan import Draws
+from lerobot_shards.reader.partition import Pieces, samples_per_part, split_parts
+from lerobot_shards.reader.plan import READER_GROUP, Draw, Draws, one_by_one, plan_part
 
 
 def make_mixture(lengths_per_dataset, samples, seed=3, shuffle=True):
@@ -143,39 +145,132 @@ def test_an_epoch_is_the_same_samples_whatever_the_layout(
     assert Counter(one_part) == Counter(pairs)
 
 
-@settings(max_examples=30, deadline=None)
+def sample_ids(units: Units) -> np.ndarray:
+    """Each unit's first sample id: the units' frames numbered end to end (``Units``)."""
+    return np.cumsum(units.counts) - units.counts
+
+
+def uninterrupted_streams(units: Units, ordering: Ordering, num_parts: int, epoch: int):
+    """Every part's sample ids in draw order, padding included, for a fresh epoch of ``units``,
+    made without elastic.py: the units split as ``split_parts`` splits episodes, each part's
+    pool over its pieces' episode rows run by ``plan_part`` (the reader's fresh epoch)."""
+    begins = sample_ids(units)
+    samples = samples_per_part(units.total, num_parts, ordering.pad)
+    out = []
+    split = split_parts(
+        np.arange(len(units.counts)),
+        units.counts,
+        num_parts,
+        seed=ordering.seed,
+        epoch=epoch,
+        shuffle=ordering.shuffle,
+    )
+    for p, pieces in enumerate(split):
+        # A piece of unit u is rows of u's episode: the pool decodes GOPs of those rows.
+        u = pieces.episodes
+        rows = Pieces(
+            units.episodes[u], units.starts[u] + pieces.starts, units.starts[u] + pieces.stops
+        )
+        seed = [ordering.seed, epoch] if num_parts == 1 else [ordering.seed, epoch, p]
+        events = plan_part(
+            rows,
+            None,
+            buffer_size=ordering.buffer_size,
+            byte_budget=None,
+            seed=seed,
+            shuffle=ordering.shuffle,
+            num_samples=samples[p],
+            group=READER_GROUP,
+        )
+        out.append(
+            [
+                int(begins[u[e.piece]] + e.frame - units.starts[u[e.piece]])
+                for e in one_by_one(events)
+                if type(e) is Draw
+            ]
+        )
+    return out
+
+
+def part_stream(part: Part, ordering: Ordering, units: Units, start: int = 0) -> list[int]:
+    """A planned part's sample ids in draw order from draw ``start`` on, as the reader streams
+    it (``part.plan(..., start)``, each draw's frame mapped through ``part.position``)."""
+    begins = sample_ids(units)
+    out = []
+    for e in one_by_one(part.plan(ordering, None, start)):
+        if type(e) is Draw:
+            unit = int(part.units[e.piece])
+            out.append(int(begins[unit] + part.position(e.piece, e.frame) - units.starts[unit]))
+    return out
+
+
+def loader_order(streams: list[list[int]], batch: int) -> list[tuple[int, int]]:
+    """One rank's DataLoader over its workers' streams: ``(worker, sample id)`` in the order the
+    consumer takes them. Workers take turns, each yielding the next ``batch`` samples of its
+    own stream (the last batch short); an exhausted worker is skipped."""
+    out, at = [], [0] * len(streams)
+    while any(a < len(s) for a, s in zip(at, streams, strict=True)):
+        for w, s in enumerate(streams):
+            out += [(w, i) for i in s[at[w] : at[w] + batch]]
+            at[w] = min(len(s), at[w] + batch)
+    return out
+
+
+@settings(max_examples=100, deadline=None)
 @given(
     lengths=lengths_strategy,
     data=st.data(),
     old=st.tuples(st.integers(1, 3), st.integers(0, 2)),
     new=st.tuples(st.integers(1, 3), st.integers(0, 2)),
+    batch=st.integers(1, 3),
+    pad=st.booleans(),
+    shuffle=st.booleans(),
 )
-def test_elastic_resume_of_a_mixture_completes_the_epoch_exactly(lengths, data, old, new):
+def test_resume_of_a_mixture_completes_the_epoch_exactly(
+    lengths, data, old, new, batch, pad, shuffle
+):
+    """The samples consumed before the checkpoint are the first ``offset`` of each rank's
+    uninterrupted stream (its workers' streams, made without elastic.py, in the DataLoader's
+    round-robin). Resumed in the same layout, each part yields exactly the rest of its own
+    stream; under another layout, the rest of the epoch is exactly what those streams had
+    still to yield, each sample once (padding aside)."""
     samples = data.draw(st.lists(st.integers(1, 30), min_size=len(lengths), max_size=len(lengths)))
-    layout = Layout(*old)
-    assume(sum(samples) >= layout.num_parts)  # padded parts need a frame of their own each
+    layout, new_layout = Layout(*old), Layout(*new)
+    assume(not pad or sum(samples) >= layout.num_parts)  # padded parts need a frame each
     episodes, lens, plan = make_mixture(lengths, samples)
     planner = Planner(np.concatenate(episodes), np.concatenate(lens), None, plan.units)
-    ordering = Ordering(3, True, 2, None, pad=True, repeat=False)
-    per_rank = -(-sum(samples) // layout.num_parts) * layout.workers
-    offset = data.draw(st.integers(0, per_rank))
+    ordering = Ordering(3, shuffle, 2, None, pad=pad, repeat=False)
     epoch = data.draw(st.integers(0, 3))
-    checkpoint = Checkpoint(epoch, offset, 1, layout, ordering)
-    consumed = planner.consumed(checkpoint, epoch)
-    new_layout = Layout(*new)
-    rest = planner.rest_parts(ordering, new_layout.num_parts, epoch, ~consumed)
-    after = []
-    for part in rest:
-        for event in part.plan(ordering, None):
-            if type(event) is Draws:
-                frames = part.frames()[1][
-                    (np.cumsum(part.table.counts) - part.table.counts)[event.pieces] + event.frames
-                ]
-                ids = planner.ids(epoch, part.units[event.pieces], frames).tolist()
-                after += ids
-    before = np.flatnonzero(consumed).tolist()
-    # nothing consumed comes again; padding repeats at most one sample per part
-    assert set(before).isdisjoint(after)
-    distinct_after = sorted(set(after))
-    assert sorted(before + distinct_after) == list(range(sum(samples)))
-    assert len(after) - len(distinct_after) < new_layout.num_parts
+    units = plan.units(epoch)
+    streams = uninterrupted_streams(units, ordering, layout.num_parts, epoch)
+    fresh = planner.fresh_parts(ordering, layout.num_parts, epoch)
+    assert [part_stream(p, ordering, units) for p in fresh] == streams  # the reader's own
+
+    w = layout.workers
+    orders = [loader_order(streams[r * w : (r + 1) * w], batch) for r in range(layout.world_size)]
+    offset = data.draw(st.integers(0, len(orders[0])))  # the same on every rank (DDP)
+    taken, consumed, tail = [], set(), []
+    for order in orders:
+        before = order[:offset]
+        taken += [sum(1 for worker, _ in before if worker == q) for q in range(w)]
+        consumed |= {i for _, i in before}
+        tail += [i for _, i in order[offset:]]
+    checkpoint = Checkpoint(epoch, offset, batch, layout, ordering)
+
+    # The same layout: every part goes on where its uninterrupted stream stood.
+    for q, (part, k) in enumerate(planner.positions(checkpoint)):
+        assert (part.epoch, k) == (epoch, taken[q])
+        assert part_stream(part, ordering, units, k) == streams[q][taken[q] :]
+
+    # Another layout: the epoch's rest, split anew.
+    (segment,) = planner.segments(checkpoint, ordering, new_layout.num_parts)
+    after = [part_stream(p, ordering, units) for p in segment]
+    flat = [i for d in after for i in d]
+    assert not consumed & set(flat)
+    assert set(flat) == set(tail) - consumed  # what the uninterrupted epoch had still to yield
+    assert sorted(consumed | set(flat)) == list(range(sum(samples)))
+    if pad and flat:
+        assert len({len(d) for d in after}) == 1  # equal lengths: DDP does not hang
+        assert len(flat) - len(set(flat)) < new_layout.num_parts
+    else:
+        assert len(flat) == len(set(flat))
