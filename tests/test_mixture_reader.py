@@ -15,7 +15,6 @@ from torch.utils.data import DataLoader
 
 import lerobot_shards
 from lerobot_shards import DatasetRoot, ShardedDataLoader, ShardedLeRobotDataset
-from lerobot_shards.reader.stats import aggregate_stats
 from lerobot_shards.testing import make_dataset
 
 CAM = "observation.images.cam_high"
@@ -249,20 +248,50 @@ def test_a_mixture_that_would_not_collate_is_refused_naming_dataset_and_key(root
 
 
 def test_stats_aggregate_as_lerobot_and_each_datasets_meta_is_there(roots):
+    """The mixture's stats against the frames themselves (numpy over both datasets' values),
+    not against ``aggregate_stats``, which makes them: exact for features read frame by frame;
+    camera stats (from sampled frames) over each dataset's own: counts add up, min and max
+    elementwise, the mean count-weighted, the std the union's, and (LeRobot's rule) a quantile
+    count-weighted where every dataset has it, left out otherwise."""
     mixture = ShardedLeRobotDataset([roots["a"], roots["b"]])
     own = [ShardedLeRobotDataset(roots[n]).meta for n in ("a", "b")]
     assert [m.fps for m in mixture.meta.datasets] == [10, 20]
-    expected = aggregate_stats([m.stats for m in own])
-    assert set(mixture.meta.stats) == set(expected)
-    for key, stats in expected.items():
-        for name, value in stats.items():
-            np.testing.assert_array_equal(mixture.meta.stats[key][name], value)
-    state_min = np.minimum(
-        own[0].stats["observation.state"]["min"], own[1].stats["observation.state"]["min"]
-    )
-    np.testing.assert_array_equal(mixture.meta.stats["observation.state"]["min"], state_min)
-    count = own[0].stats["observation.state"]["count"] + own[1].stats["observation.state"]["count"]
-    np.testing.assert_array_equal(mixture.meta.stats["observation.state"]["count"], count)
+    stats = mixture.meta.stats
+    assert set(stats) == set(own[0].stats) | set(own[1].stats)
+    items = [list(ShardedLeRobotDataset(roots[n], shuffle=False)) for n in ("a", "b")]
+    quantiles = set.intersection(*({n for n in m.stats[CAM] if n.startswith("q")} for m in own))
+    vectors = [k for k in stats if k not in mixture.meta.camera_keys]
+    assert {"observation.state", "action"} <= set(vectors)
+    for key in vectors:
+        values = np.concatenate(
+            [np.stack([np.atleast_1d(item[key].numpy()) for item in its]) for its in items]
+        ).astype(np.float64)
+        assert stats[key]["count"].tolist() == [len(values)] == [35], key
+        np.testing.assert_array_equal(stats[key]["min"], values.min(axis=0), err_msg=key)
+        np.testing.assert_array_equal(stats[key]["max"], values.max(axis=0), err_msg=key)
+        np.testing.assert_allclose(stats[key]["mean"], values.mean(axis=0), rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(stats[key]["std"], values.std(axis=0), rtol=1e-9, atol=1e-12)
+    for key in mixture.meta.camera_keys:
+        theirs = [m.stats[key] for m in own]
+        counts = [int(t["count"][0]) for t in theirs]
+        assert stats[key]["count"].tolist() == [sum(counts)], key
+        np.testing.assert_array_equal(stats[key]["min"], np.minimum(*(t["min"] for t in theirs)))
+        np.testing.assert_array_equal(stats[key]["max"], np.maximum(*(t["max"] for t in theirs)))
+
+        def weighted(values, counts=counts):
+            return sum(c * v for c, v in zip(counts, values, strict=True)) / sum(counts)
+
+        mean = weighted([t["mean"] for t in theirs])
+        np.testing.assert_allclose(stats[key]["mean"], mean, rtol=1e-12)
+        # The population variance of the union: each one's, plus its mean's distance.
+        variance = weighted([t["std"] ** 2 + (t["mean"] - mean) ** 2 for t in theirs])
+        np.testing.assert_allclose(stats[key]["std"], np.sqrt(variance), rtol=1e-9)
+        for name in quantiles:
+            np.testing.assert_allclose(
+                stats[key][name], weighted([t[name] for t in theirs]), rtol=1e-12, err_msg=name
+            )
+    for key in stats:  # a quantile only where every dataset has it (b, LeRobot 0.3.3's, none)
+        assert set(stats[key]) == {"min", "max", "mean", "std", "count", *quantiles}, key
 
 
 def test_a_checkpoint_on_two_ranks_resumes_on_one(roots, monkeypatch):
