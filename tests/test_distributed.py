@@ -86,6 +86,7 @@ def test_weighted_mixture_over_ranks_and_workers_counts_every_frame_exactly(
     av1: Path, shards, tmp_path: Path
 ) -> None:
     from collections import Counter
+    from fractions import Fraction
 
     from lerobot_shards import ShardedLeRobotDataset
 
@@ -97,8 +98,13 @@ def test_weighted_mixture_over_ranks_and_workers_counts_every_frame_exactly(
     frames = []  # every (dataset_index, index) of the mixture
     for d, root in enumerate((av1, image)):
         frames += [(d, int(i["index"])) for i in ShardedLeRobotDataset(root, shuffle=False)]
+    # Samples per dataset and epoch, from the weights (1 and 2) here, not the reader's own
+    # ``samples_per_dataset``: each dataset's share of the epoch, within one of exact.
     share = result["share"]
     assert sum(share) == len(frames)
+    assert all(
+        abs(n - Fraction(len(frames) * w, 3)) < 1 for n, w in zip(share, (1, 2), strict=True)
+    )
     so_far: Counter = Counter()
     for epoch in range(2):
         seen = Counter()
