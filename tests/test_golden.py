@@ -13,6 +13,7 @@ import random
 import numpy as np
 import pytest
 import torch
+from support.required import importorskip
 
 from lerobot_shards import ShardedLeRobotDataset
 from lerobot_shards.source import LeRobotSource
@@ -91,3 +92,29 @@ def test_dataloader_workers_equal_lerobot(golden_dir, golden_delta_timestamps):
     )
     for index, item in enumerate(loader):
         assert_item_is_golden(item, index, keys, tasks, recorded)
+
+
+@pytest.mark.parametrize("name", ["av1_multifile", "image"])
+def test_return_uint8_equals_lerobots_own(golden_path, shards, name):
+    """lerobot-train's own setting, ``return_uint8=True``: video frames uint8 and image
+    features float32, every value as LeRobot's LeRobotDataset returns it, from the source and
+    from a whole epoch of the shards. LeRobot's environment runs this."""
+    lerobot_dataset = importorskip(
+        "lerobot.datasets.lerobot_dataset", reason="LeRobot is optional; CI's LeRobot env runs this"
+    )
+    theirs = lerobot_dataset.LeRobotDataset(
+        f"golden/{name}", root=golden_path(name), video_backend="pyav", return_uint8=True
+    )
+    source = LeRobotSource(str(golden_path(name)), return_uint8=True)
+    items = list(ShardedLeRobotDataset(shards(name), buffer_size=3, return_uint8=True))
+    assert sorted(int(item["index"]) for item in items) == list(range(FRAMES))
+    for item in [*items, *(source[i] for i in range(FRAMES))]:
+        index = int(item["index"])
+        expected = theirs[index]
+        assert list(item) == list(expected), index
+        for key, value in expected.items():
+            if isinstance(value, torch.Tensor):
+                assert item[key].dtype == value.dtype, (index, key, item[key].dtype)
+                assert torch.equal(item[key], value), (index, key)
+            else:
+                assert item[key] == value, (index, key)

@@ -118,11 +118,11 @@ def test_return_uint8(golden_dir, golden_delta_timestamps, name):
         f, u = as_float[index], as_uint8[index]
         assert list(u) == list(f)
         for key in f:
-            if key in as_float.camera_keys:
+            if key in as_float.video_keys:
                 assert u[key].dtype == torch.uint8
                 assert torch.equal(u[key], (f[key] * 255).round().to(torch.uint8)), (index, key)
-            elif key != "task":
-                assert torch.equal(u[key], f[key]), (index, key)
+            elif key != "task":  # image features stay float32 as in LeRobot, like other columns
+                assert u[key].dtype == f[key].dtype and torch.equal(u[key], f[key]), (index, key)
 
 
 @pytest.mark.parametrize("name", ["av1_multifile", "image"])
@@ -296,7 +296,8 @@ def test_each_decoded_frame_is_the_frame_written(factory_datasets, version, vide
             .to(torch.float32)
         )
         for index, expected in enumerate(written):
-            frame = source[index][key].to(torch.float32)
+            frame = source[index][key]  # uint8 video; image features are float32 in [0, 1]
+            frame = frame.to(torch.float32) if video else (frame * 255).round()
             error = (truth - frame).abs().mean(dim=(1, 2, 3))
             assert written[int(error.argmin())] == expected, (key, index)
             if video:

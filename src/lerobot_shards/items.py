@@ -166,6 +166,7 @@ class ItemSpec:
     image_keys: list[str]
     deltas: dict[str, np.ndarray]
     return_uint8: bool = False
+    """Video frames stay uint8; image features are float32 either way, as in LeRobot."""
     image_transforms: Callable[[torch.Tensor], torch.Tensor] | None = None
     key_map: dict[str, str | None] = field(default_factory=dict)
     dataset_index: int | None = None
@@ -213,8 +214,8 @@ class ItemSpec:
                 row[name] = columns.value(name, queries[name])
             else:
                 row[name] = columns.value(name, position)
-        for key in self.image_keys:
-            if key in row and not self.return_uint8:
+        for key in self.image_keys:  # LeRobot makes image features float32 whatever
+            if key in row:  # return_uint8 says: it applies to decoded video frames only
                 row[key] = frames_to_output(row[key], False)
         item: dict[str, object] = {}
         for key in self.video_keys:

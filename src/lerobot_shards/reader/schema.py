@@ -4,8 +4,9 @@ when ``default_collate`` meets the first odd item thousands of batches in.
 
 The rules are LeRobot's: a feature of shape ``(1,)`` is a scalar column (a 0-dim tensor), floats
 become float32, integers int64; a camera of shape ``(H, W, C)`` is a ``(C, H, W)`` float32 frame
-(uint8 with ``return_uint8``); a ``delta_timestamps`` key gains a leading dimension (one row per
-delta) and a boolean ``<key>_is_pad``; ``task`` is a string.
+(uint8 with ``return_uint8`` if it is a video: LeRobot's image features stay float32); a
+``delta_timestamps`` key gains a leading dimension (one row per delta) and a boolean
+``<key>_is_pad``; ``task`` is a string.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def _value_kind(feature: Mapping[str, Any], return_uint8: bool) -> tuple[str, tu
         names = list(feature.get("names") or [])
         channel = names.index("channels") if "channels" in names else len(shape) - 1
         hw = tuple(n for i, n in enumerate(shape) if i != channel)
-        return ("uint8" if return_uint8 else "float32"), (shape[channel], *hw)
+        return ("uint8" if return_uint8 and dtype == "video" else "float32"), (shape[channel], *hw)
     if dtype.startswith("float"):
         kind = "float32"
     elif dtype.startswith(("int", "uint")):

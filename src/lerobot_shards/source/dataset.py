@@ -24,8 +24,9 @@ class LeRobotSource(Dataset):
     """A LeRobot dataset (v3.0 or v2.1, local or any fsspec URL) as a map-style torch Dataset.
 
     ``delta_timestamps`` (seconds, multiples of 1/fps), ``tolerance_s``, ``image_transforms``
-    and ``video_backend`` mean what they mean in LeRobot; ``return_uint8`` keeps camera frames
-    uint8 instead of float32 in [0, 1]. Metadata mirrors ``LeRobotDataset.meta``.
+    and ``video_backend`` mean what they mean in LeRobot; ``return_uint8`` keeps video frames
+    uint8 instead of float32 in [0, 1] (image features stay float32, as LeRobot returns them).
+    Metadata mirrors ``LeRobotDataset.meta``.
     """
 
     def __init__(
