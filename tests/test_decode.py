@@ -246,7 +246,7 @@ def test_decoding_ahead_holds_placeholders_within_the_cap(mp4, reference):
     assert video.decoded[0] == (0, [1]) and (4, [5]) in video.decoded and len(video.decoded) == 3
 
 
-@pytest.mark.skipif(HAS_TORCHCODEC, reason="torchcodec is installed")
+@pytest.mark.skipif(HAS_TORCHCODEC, reason="torchcodec imports here")
 def test_torchcodec_missing_is_a_clear_error(mp4):
     with pytest.raises(ImportError, match="torchcodec"):
         check_backend("torchcodec")
@@ -254,7 +254,7 @@ def test_torchcodec_missing_is_a_clear_error(mp4):
         Video(mp4, length=13, backend="torchcodec").decode(0)
 
 
-@pytest.mark.skipif(not HAS_TORCHCODEC, reason="torchcodec is not installed")
+@pytest.mark.skipif(not HAS_TORCHCODEC, reason="torchcodec does not import here")
 def test_torchcodec_frames(mp4, reference):
     frames = decode_all(Video(mp4, length=1, skip_frames=12, backend="torchcodec"), [0])
     assert frames[0].dtype == torch.uint8 and frames[0].shape == (40, 56, 3)

@@ -115,7 +115,7 @@ def test_negative_decode_threads_is_refused(av1):
         ShardedLeRobotDataset(av1, decode_threads=-1)
 
 
-@pytest.mark.skipif(not HAS_TORCHCODEC, reason="torchcodec is not installed")
+@pytest.mark.skipif(not HAS_TORCHCODEC, reason="torchcodec does not import here")
 def test_torchcodec_items_equal_source(av1, golden_dir):
     ds = ShardedLeRobotDataset(av1, video_backend="torchcodec")
     source = LeRobotSource(str(golden_dir / AV1), video_backend="torchcodec")
@@ -125,7 +125,7 @@ def test_torchcodec_items_equal_source(av1, golden_dir):
         assert_same_item(item, source[int(item["index"])])
 
 
-@pytest.mark.skipif(HAS_TORCHCODEC, reason="torchcodec is installed")
+@pytest.mark.skipif(HAS_TORCHCODEC, reason="torchcodec imports here")
 def test_torchcodec_missing_is_a_clear_error(av1):
     with pytest.raises(ImportError, match="torchcodec"):
         ShardedLeRobotDataset(av1, video_backend="torchcodec")
