@@ -285,7 +285,7 @@ class ShardedLeRobotDataset(IterableDataset):
         """Record that DataLoader workers began iterating from this dataset's next position
         (the next epoch, or the rest of a loaded state), so that ``state_dict(num_samples=...)``
         counts from there. :class:`ShardedDataLoader` calls it; a loop with its own DataLoader
-        and persistent workers calls it after each ``iter(loader)``."""
+        that takes states calls it after each ``iter(loader)`` (or ``set_epoch`` before)."""
         self._position.begin_elsewhere()
         self._moved_here()
 
