@@ -3,9 +3,11 @@ starts, the state dict that records it, and how a loaded state becomes a part an
 
 Epochs. Every ``iter(ds)`` starts the next epoch unless ``set_epoch`` or ``load_state_dict``
 said which; a DataLoader's persistent workers advance their own copies, so they see a new order
-each epoch. With non-persistent workers the workers are fresh copies of ``ds`` every epoch: call
-``ds.set_epoch(epoch)`` before each. Resuming replays only the planner (``plan_part(start=...)``):
-nothing skipped is fetched or decoded.
+each epoch. Non-persistent workers are fresh copies of ``ds`` every epoch, of a position that
+the main process never advanced: they skip the epochs that earlier iterations of fresh workers
+began from it, as a record they share with the dataset tells (``worker_epochs.py``), so they
+too run the next epoch (``set_epoch`` before an iteration still says which). Resuming replays
+only the planner (``plan_part(start=...)``): nothing skipped is fetched or decoded.
 
 - ``lerobot_shards.ShardedDataLoader`` (``loader.py``): ``loader.state_dict()`` and
   ``loader.load_state_dict(state)``. It knows its workers and batch size, counts what it
@@ -18,9 +20,11 @@ nothing skipped is fetched or decoded.
   loader's (refused otherwise: a state that guessed would resume into repeated and missing
   frames; a worker refuses to start if ``ds.num_workers`` is set and differs from its loader's),
   and calls ``ds.set_epoch(epoch)`` before each epoch (or ``ds.begin_epoch()`` after each
-  ``iter(loader)`` with persistent workers). ``load_state_dict`` then works out, from the
-  DataLoader's round-robin over workers, what each worker had produced, and lets each worker
-  take the role (part) whose batch comes next, so the resumed stream is the same sequence.
+  ``iter(loader)``): the main process's position is what the state counts from, and a state
+  taken after fresh workers began a second iteration from it is refused. ``load_state_dict``
+  then works out, from the DataLoader's round-robin over workers, what each worker had
+  produced, and lets each worker take the role (part) whose batch comes next, so the resumed
+  stream is the same sequence.
   Offsets at batch boundaries (multiples of ``batch_size``, or the end of the epoch) resume
   exactly.
 - torchdata's ``StatefulDataLoader`` calls ``state_dict``/``load_state_dict`` inside each
