@@ -28,6 +28,6 @@ if [ "${LEROBOT_ENV:-1}" != 0 ]; then
     tests/test_decode.py tests/test_rgb24.py tests/test_simd_levels.py tests/test_collate.py \
     tests/test_transfer.py tests/test_elastic_resume.py tests/test_loader.py \
     tests/test_worker_epochs.py tests/test_s3.py tests/test_lerobot_meta.py \
-    tests/test_lerobot_training.py tests/test_stats.py tests/test_mixture_reader.py tests/test_lerobot_aggregate.py \
-    tests/test_long_gop.py
+    tests/test_lerobot_training.py tests/test_stats.py tests/test_mixture_reader.py \
+    tests/test_lerobot_aggregate.py tests/test_long_gop.py
 fi
