@@ -20,6 +20,7 @@ REQUIRED = frozenset(os.environ.get("LEROBOT_SHARDS_REQUIRE", "").split())
 def importorskip(module: str, reason: str) -> ModuleType:
     """``module``, or a skip with ``reason`` if it cannot be imported; an import error if its
     component (the top-level package) is required."""
+    __tracebackhide__ = True  # a skip is reported where the test asked, not here
     if module.split(".")[0] in REQUIRED:
         return importlib.import_module(module)
     return pytest.importorskip(module, reason=reason)
