@@ -34,7 +34,7 @@ from lerobot_shards.reader.pool_budget import PoolBudget, split_budget
 from lerobot_shards.reader.schema import check_batchable, item_schema
 from lerobot_shards.reader.state import Context, Position
 from lerobot_shards.reader.stream import StreamOptions, decode_thread_count, stream_part
-from lerobot_shards.reader.worker_epochs import SharedRecord, began, claim, epochs_before
+from lerobot_shards.reader.worker_epochs import WorkerEpochs
 
 __all__ = [
     "DatasetMeta",
@@ -186,11 +186,8 @@ class ShardedLeRobotDataset(IterableDataset):
         weighting = None if epoch_units is None else self.samples_per_dataset.tolist()
         self._fingerprint = cat.fingerprint(weighting)
         self._position = Position()
-        self._worker_epochs = SharedRecord()
-        self._generation = 0
-        """This process's count of its own position changes (``worker_epochs`` says why)."""
-        self._owner = os.getpid()
-        """The process whose changes the position holds: another one's is a fresh copy."""
+        self._worker_epochs = WorkerEpochs()
+        """What fresh DataLoader workers share with this dataset (``worker_epochs`` says why)."""
         self._stats = {
             "peak_budget_bytes": 0,
             "peak_resident_memory": 0,
@@ -279,7 +276,7 @@ class ShardedLeRobotDataset(IterableDataset):
         state loaded for that epoch and not yet iterated (so a loop may call ``set_epoch`` on
         every epoch, the resumed one included)."""
         self._position.set_epoch(epoch)
-        self._moved_here()
+        self._worker_epochs.moved_here()
 
     def begin_epoch(self) -> None:
         """Record that DataLoader workers began iterating from this dataset's next position
@@ -287,7 +284,7 @@ class ShardedLeRobotDataset(IterableDataset):
         counts from there. :class:`ShardedDataLoader` calls it; a loop with its own DataLoader
         that takes states calls it after each ``iter(loader)`` (or ``set_epoch`` before)."""
         self._position.begin_elsewhere()
-        self._moved_here()
+        self._worker_epochs.moved_here()
 
     def state_dict(
         self, num_samples: int | None = None, batch_size: int | None = None
@@ -302,7 +299,7 @@ class ShardedLeRobotDataset(IterableDataset):
         """
         ctx = self._context()
         if num_samples is not None and not ctx.in_worker:
-            self._check_workers_epoch()
+            self._worker_epochs.check_state()
         return self._position.state(
             ctx, self.fingerprint, num_samples, batch_size, self.num_workers
         )
@@ -317,42 +314,7 @@ class ShardedLeRobotDataset(IterableDataset):
         ctx = self._context()
         first = part_index(self._layout()[0], ctx.world_size, 0, ctx.workers)[0]
         self._position.load(state, ctx, self.fingerprint, self._planner, where, first)
-        self._moved_here()
-
-    def _moved_here(self) -> None:
-        """This process changed the position: fresh workers copy it as it is now (a record of
-        an older generation no longer counts), and this copy is no longer fresh."""
-        self._generation += 1
-        self._owner = os.getpid()
-
-    def _catch_up(self) -> None:
-        """In a DataLoader worker whose copy of the dataset has not iterated yet: skip the
-        epochs that earlier iterations of fresh workers began from the copied position, as
-        :meth:`begin_epoch` would have in the main process (``worker_epochs``)."""
-        info = get_worker_info()
-        token = info.seed - info.id  # the DataLoader's base seed, drawn for each iteration
-        word = self._worker_epochs.read()
-        if info.id == 0:
-            skip, record = claim(word, self._generation, token)
-            self._worker_epochs.write(record)
-        else:
-            skip = epochs_before(word, self._generation, token)
-        for _ in range(skip):
-            self._position.begin_elsewhere()
-        self._owner = os.getpid()
-
-    def _check_workers_epoch(self) -> None:
-        """Refuse a state of workers that are past this process's position: fresh workers of
-        more than one iteration began from it, so it no longer says which epoch they run."""
-        count = began(self._worker_epochs.read(), self._generation)
-        if count > 1:
-            raise ValueError(
-                f"DataLoader workers began {count} iterations (epochs) from this dataset's "
-                "position since it last changed here, so ds.state_dict(num_samples=...) cannot "
-                "tell which one the samples belong to: call ds.set_epoch(epoch) before each "
-                "epoch (or ds.begin_epoch() after each iter(loader)), or use "
-                "lerobot_shards.ShardedDataLoader, which does"
-            )
+        self._worker_epochs.moved_here()
 
     # ------------------------------------------------------------------ iteration
 
@@ -368,9 +330,12 @@ class ShardedLeRobotDataset(IterableDataset):
                 "lerobot_shards.ShardedDataLoader, which sets it"
             )
         if not in_worker:
-            self._moved_here()  # this iteration advances the position fresh workers copy
-        elif self._owner != os.getpid():
-            self._catch_up()
+            self._worker_epochs.moved_here()  # this iteration advances what fresh workers copy
+        elif self._worker_epochs.fresh:  # skip what earlier iterations of fresh workers ran
+            info = get_worker_info()
+            token = info.seed - info.id  # the DataLoader's base seed, drawn for each iteration
+            for _ in range(self._worker_epochs.catch_up(info.id, token)):
+                self._position.begin_elsewhere()
         rank = self._layout()[0]
         budget = self._budget(ctx.workers)
         if ctx.worker == 0:  # the workers' shares are equal: one warning says it for all

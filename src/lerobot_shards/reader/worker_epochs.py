@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import multiprocessing
 import multiprocessing.context
+import os
 from typing import Any
 
 GENERATION_BITS, COUNT_BITS, TOKEN_BITS = 16, 24, 24
@@ -73,26 +74,61 @@ def claim(word: int, generation: int, token: int) -> tuple[int, int]:
     return k, pack(generation, k + 1, token)
 
 
-class SharedRecord:
-    """The dataset's shared word. Pickles as itself only while a process is being spawned
-    (a DataLoader's forkserver or spawn workers); any other copy (``copy.deepcopy``, a pickle
-    sent elsewhere) is an independent dataset and gets a fresh word of its own."""
+class WorkerEpochs:
+    """A dataset's side of the record: the shared word, the generation of this copy's position
+    and the process that last moved it (a copy whose position another process moved is fresh).
+
+    Pickles the word as itself only while a process is being spawned (a DataLoader's forkserver
+    or spawn workers); any other copy (``copy.deepcopy``, a pickle sent elsewhere) is an
+    independent dataset and gets a fresh word of its own."""
 
     def __init__(self) -> None:
         self._word: Any = multiprocessing.RawValue("Q", 0)
+        self.generation = 0
+        self.owner = os.getpid()
 
-    def read(self) -> int:
-        return int(self._word.value)
+    def moved_here(self) -> None:
+        """This process changed the position: fresh workers copy it as it is now (a record of
+        an older generation no longer counts), and this copy is no longer fresh."""
+        self.generation += 1
+        self.owner = os.getpid()
 
-    def write(self, word: int) -> None:
-        self._word.value = word
+    @property
+    def fresh(self) -> bool:
+        """Whether this copy's position was last moved by another process (a new worker's)."""
+        return self.owner != os.getpid()
+
+    def catch_up(self, worker_id: int, token: int) -> int:
+        """In a fresh worker of the iteration ``token``: the epochs that earlier iterations of
+        fresh workers began from the copied position (worker 0 also records this iteration)."""
+        word = int(self._word.value)
+        if worker_id == 0:
+            skip, self._word.value = claim(word, self.generation, token)
+        else:
+            skip = epochs_before(word, self.generation, token)
+        self.owner = os.getpid()
+        return skip
+
+    def check_state(self) -> None:
+        """Refuse a state counted from this process's position if fresh workers of more than
+        one iteration began from it: it no longer says which epoch they run."""
+        count = began(int(self._word.value), self.generation)
+        if count > 1:
+            raise ValueError(
+                f"DataLoader workers began {count} iterations (epochs) from this dataset's "
+                "position since it last changed here, so ds.state_dict(num_samples=...) cannot "
+                "tell which one the samples belong to: call ds.set_epoch(epoch) before each "
+                "epoch (or ds.begin_epoch() after each iter(loader)), or use "
+                "lerobot_shards.ShardedDataLoader, which does"
+            )
 
     def __getstate__(self) -> dict[str, Any]:
-        spawning = multiprocessing.context.get_spawning_popen() is not None
-        return {"word": self._word if spawning else None}
+        state = dict(self.__dict__)
+        if multiprocessing.context.get_spawning_popen() is None:
+            state["_word"] = None
+        return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        if state["word"] is None:
-            self.__init__()
-        else:
-            self._word = state["word"]
+        self.__dict__.update(state)
+        if self._word is None:
+            self._word = multiprocessing.RawValue("Q", 0)
