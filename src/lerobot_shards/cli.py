@@ -291,6 +291,70 @@ def stream(
         click.echo(line)
 
 
+@main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.option(
+    "--shards",
+    "roots",
+    multiple=True,
+    help="A converted dataset (folder or fsspec URL); repeat it for a mixture. On a resume, "
+    "default: the checkpoint's.",
+)
+@click.option("--weights", help="A mixture's weights, one per --shards, e.g. 2,1.")
+@click.option(
+    "--storage-options",
+    default="{}",
+    help='fsspec options as JSON, e.g. \'{"endpoint_url": "http://..."}\'.',
+)
+@click.option(
+    "--buffer-size",
+    type=click.IntRange(min=1),
+    default=64,
+    show_default=True,
+    help="Episodes resident in each worker's pool.",
+)
+@click.option(
+    "--byte-budget-gb",
+    type=click.FloatRange(min=0, min_open=True),
+    help="Bytes resident per process, split over its workers (default: no limit).",
+)
+@click.pass_context
+def train(
+    ctx: click.Context, roots: tuple[str, ...], weights: str | None, storage_options: str,
+    buffer_size: int, byte_budget_gb: float | None,
+) -> None:  # fmt: skip
+    """Train with LeRobot's own trainer, lerobot-train, on shards: every other argument is
+    lerobot-train's (--policy.type=act, --steps, --batch_size, --num_workers, --output_dir,
+    --resume=true --config_path=..., ...). Run it under accelerate launch or torchrun for
+    several GPUs. Needs pip install 'lerobot[training]'."""
+    try:
+        from lerobot_shards.train.arguments import RefusedArgument
+        from lerobot_shards.train.datasets import Shards
+        from lerobot_shards.train.run import train as run_train
+    except ImportError as exc:
+        raise click.ClickException(
+            f"lerobot-shards train runs LeRobot's trainer: pip install 'lerobot[training]' ({exc})"
+        ) from exc
+    if weights is not None and len(roots) < 2:
+        raise click.BadParameter("weights are for several --shards", param_hint="--weights")
+    try:
+        options = json.loads(storage_options)
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"not JSON: {exc}", param_hint="--storage-options") from exc
+    shards = None
+    if roots:
+        shards = Shards(
+            roots=list(roots),
+            weights=parse_weights(weights, len(roots)),
+            storage_options=options,
+            buffer_size=buffer_size,
+            byte_budget_gb=byte_budget_gb,
+        )
+    try:
+        run_train(shards, ctx.args)
+    except RefusedArgument as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
 @main.command()
 @click.option("--workdir", default="demo-output", show_default=True, help="Recreated folder.")
 @click.option("--workers", default=2, show_default=True, help="Converter and DataLoader workers.")

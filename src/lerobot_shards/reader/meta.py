@@ -371,6 +371,11 @@ class MixtureMeta(_FeatureViews):
         self.robot_type = robots.pop() if len(robots) == 1 else None
         """The datasets' robot type if they share one, else None."""
 
+    @property
+    def has_language_columns(self) -> bool:
+        """Whether any dataset has language columns (LeRobot's trainer then collates them)."""
+        return any(d.has_language_columns for d in self.datasets)
+
     def __repr__(self) -> str:
         return (
             f"MixtureMeta({len(self.datasets)} datasets, {self.total_episodes} episodes, "
