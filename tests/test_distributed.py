@@ -9,47 +9,16 @@ takes the same number of steps.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from support.torchrun import torchrun
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
-SCRIPTS = Path(__file__).parent / "dist_scripts"
 FRAMES = 74
 RANKS = 2
 WORKERS = 2
-
-
-def torchrun(script: str, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    """Run ``script`` under the venv's torchrun; on timeout kill the whole process group (the
-    launcher and every rank and worker) and fail with what they printed."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={RANKS}",
-        str(SCRIPTS / script),
-        *args,
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, env=env
-    )
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"{script} hung for {timeout} s\n{out.decode()}\n{err.decode()}")
-    result = subprocess.CompletedProcess(cmd, proc.returncode, out.decode(), err.decode())
-    assert result.returncode == 0, f"{script} failed\n{result.stdout}\n{result.stderr}"
-    return result
 
 
 def test_ranks_stream_disjoint_complete_equal_parts(av1: Path, tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from lerobot_shards.items import ItemSpec
+from lerobot_shards.reader.accelerate_guard import refuse_accelerate_resharding
 from lerobot_shards.reader.allocator import tune_worker_malloc
 from lerobot_shards.reader.catalog import Catalog, DatasetRoot, ItemOptions, Member, as_sources
 from lerobot_shards.reader.decode import check_backend
@@ -323,6 +324,7 @@ class ShardedLeRobotDataset(IterableDataset):
         if in_worker:
             tune_worker_malloc()  # allocator.py says why
         ctx = self._context()
+        refuse_accelerate_resharding(ctx.world_size)
         if in_worker and self.num_workers not in (0, ctx.workers):
             raise ValueError(
                 f"ds.num_workers is {self.num_workers} but the DataLoader has {ctx.workers} "
@@ -372,6 +374,7 @@ class ShardedLeRobotDataset(IterableDataset):
         training process, where torch.distributed (or the environment) knows it."""
         state = dict(self.__dict__)
         state["_parent_rank_world"] = rank_and_world_size()
+        refuse_accelerate_resharding(state["_parent_rank_world"][1])
         return state
 
     def _layout(self) -> tuple[int, int, int, int]:
