@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Creates .venv-lerobot as a LeRobot 0.6.1 user has it: Python 3.12, `lerobot[dataset]==0.6.1`
-# installed first (its pins: torch < 2.12, av 15, numpy 2.2, datasets' fsspec), then this package
-# and its test extras into it without moving any of LeRobot's pins. FFmpeg's shared libraries
-# come from Debian where apt-get can install them, so that torchcodec imports as it does in
-# LeRobot's own environment.
+# Creates .venv-lerobot as a LeRobot 0.6.1 user who trains has it: Python 3.12,
+# `lerobot[dataset,training,diffusion]==0.6.1` installed first (training: accelerate and wandb,
+# for lerobot-train; diffusion: diffusers, for its diffusion policy; its pins: torch < 2.12,
+# av 15, numpy 2.2, datasets' fsspec), then this package and its test extras into it without
+# moving any of LeRobot's pins. FFmpeg's shared libraries come from Debian where apt-get can
+# install them, so that torchcodec imports as it does in LeRobot's own environment.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON312:-}
@@ -32,10 +33,10 @@ VENV=.venv-lerobot
 if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
-"$VENV/bin/python" -m pip install -q "lerobot[dataset]==0.6.1"
+"$VENV/bin/python" -m pip install -q "lerobot[dataset,training,diffusion]==0.6.1"
 # Hold what LeRobot resolved for its own pins; the test extras then resolve around them.
 "$VENV/bin/python" -m pip freeze \
-  | grep -iE '^(lerobot|torch|torchvision|torchcodec|numpy|av|fsspec|datasets|pyarrow|pandas|huggingface[-_]hub)==' \
+  | grep -iE '^(lerobot|torch|torchvision|torchcodec|numpy|av|fsspec|datasets|pyarrow|pandas|huggingface[-_]hub|accelerate|diffusers)==' \
   > "$VENV/lerobot-constraints.txt"
 "$VENV/bin/python" -m pip install -q -e ".[test]" -c "$VENV/lerobot-constraints.txt"
 "$VENV/bin/python" -m pip check

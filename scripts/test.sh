@@ -2,8 +2,10 @@
 # Sets up .venv if needed and runs ruff and the whole test suite; then, in LeRobot 0.6.1's own
 # environment (.venv-lerobot: Python 3.12, torch 2.11, numpy 2.2, PyAV 15), the tests of what
 # LeRobot users run: golden items (v3.0 and v2.1), reader, collate, resume, checkpoints, and the
-# LeRobot tests (meta, training, the example under torchrun, the factory's aggregated layout
-# against LeRobot's own aggregate_datasets, episodes cut mid-GOP against LeRobot's own items).
+# LeRobot tests (meta, training, the example under torchrun, lerobot-shards train with LeRobot's
+# own trainer under torchrun and accelerate launch, accelerate's re-sharding refused, the
+# factory's aggregated layout against LeRobot's own aggregate_datasets, episodes cut mid-GOP
+# against LeRobot's own items).
 # LEROBOT_ENV=0 skips the second run. Each run names the optional components it requires
 # (LEROBOT_SHARDS_REQUIRE, tests/support/required.py): their tests fail, never skip, if one is
 # missing; every skip is listed, with its reason, at the end of each run (-ra in pyproject.toml).
@@ -23,11 +25,13 @@ if [ "${LEROBOT_ENV:-1}" != 0 ]; then
   ATEN_CPU_CAPABILITY=default LEROBOT_SHARDS_REQUIRE="lerobot torchcodec" \
     .venv-lerobot/bin/python -m pytest -q "$@" tests/test_golden.py \
     tests/test_lerobot_training.py::test_batch_and_loss_equal_lerobots_own
-  LEROBOT_SHARDS_REQUIRE="lerobot torchcodec" .venv-lerobot/bin/python -m pytest -q "$@" \
+  LEROBOT_SHARDS_REQUIRE="lerobot torchcodec accelerate" \
+    .venv-lerobot/bin/python -m pytest -q "$@" \
     tests/test_environment.py tests/test_readme.py tests/test_golden.py tests/test_reader.py \
     tests/test_decode.py tests/test_rgb24.py tests/test_simd_levels.py tests/test_collate.py \
     tests/test_transfer.py tests/test_elastic_resume.py tests/test_loader.py \
     tests/test_worker_epochs.py tests/test_s3.py tests/test_lerobot_meta.py \
     tests/test_lerobot_training.py tests/test_stats.py tests/test_mixture_reader.py \
-    tests/test_lerobot_aggregate.py tests/test_long_gop.py
+    tests/test_lerobot_aggregate.py tests/test_long_gop.py tests/test_lerobot_train.py \
+    tests/test_accelerate_guard.py tests/test_train_arguments.py
 fi

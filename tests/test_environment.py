@@ -12,7 +12,8 @@ import pytest
 from support.required import REQUIRED, import_error
 
 LEROBOT_ENV = {"lerobot": "0.6.1", "torch": "2.11.", "numpy": "2.2.", "av": "15."}
-"""Version prefixes of what ``lerobot[dataset]==0.6.1`` installs (``setup_lerobot_env.sh``)."""
+"""Version prefixes of what ``lerobot[dataset,training,diffusion]==0.6.1`` installs
+(``setup_lerobot_env.sh``)."""
 
 
 @pytest.mark.parametrize("component", sorted(REQUIRED))
