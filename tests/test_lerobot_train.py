@@ -204,7 +204,7 @@ def test_mixture_of_two_datasets_by_weight(av1, shards, tmp_path):
     assert len(set(of_second)) == 49  # dataset 1: 49 of its frames, none twice
 
 
-def test_diffusion_policy_trains(tmp_path):
+def test_diffusion_policy_trains_with_image_transforms(tmp_path):
     from lerobot_shards import convert
     from lerobot_shards.testing.factory import make_dataset
 
@@ -218,7 +218,8 @@ def test_diffusion_policy_trains(tmp_path):
         "--policy.pretrained_backbone_weights=null", "--policy.use_group_norm=true",
         "--policy.diffusion_step_embed_dim=16",
         "--policy.num_train_timesteps=10", "--policy.device=cpu", "--policy.push_to_hub=false",
-        "--wandb.enable=false", "--batch_size=4", "--steps=15", "--num_workers=0",
+        "--dataset.image_transforms.enable=true", "--wandb.enable=false", "--batch_size=4",
+        "--steps=15", "--num_workers=0",
         "--log_freq=5", f"--output_dir={tmp_path / 'out'}",
     )  # fmt: skip
     (steps,) = records

@@ -2,8 +2,9 @@
 when the component is missing or broken.
 
 ``LEROBOT_SHARDS_REQUIRE`` names them, space-separated (``scripts/test.sh`` sets it for each
-environment: ``ray`` in ``.venv``; ``lerobot``, ``torchcodec`` and ``accelerate`` in LeRobot's). A developer's
-bare ``pytest`` requires nothing and skips what is not installed, saying so in its summary.
+environment: ``ray`` in ``.venv``; ``lerobot``, ``torchcodec`` and ``accelerate`` in LeRobot's).
+A developer's bare ``pytest`` requires nothing and skips what is not installed, saying so in its
+summary.
 """
 
 from __future__ import annotations
