@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-LEROBOT_SHARDS_REQUIRE="ray" .venv/bin/python -m pytest -q "$@"
+LEROBOT_SHARDS_REQUIRE="ray aiohttp" .venv/bin/python -m pytest -q "$@"
 if [ "${LEROBOT_ENV:-1}" != 0 ]; then
   started=$(date +%s)
   bash scripts/setup_lerobot_env.sh
@@ -25,7 +25,7 @@ if [ "${LEROBOT_ENV:-1}" != 0 ]; then
   ATEN_CPU_CAPABILITY=default LEROBOT_SHARDS_REQUIRE="lerobot torchcodec" \
     .venv-lerobot/bin/python -m pytest -q "$@" tests/test_golden.py \
     tests/test_lerobot_training.py::test_batch_and_loss_equal_lerobots_own
-  LEROBOT_SHARDS_REQUIRE="lerobot torchcodec accelerate" \
+  LEROBOT_SHARDS_REQUIRE="lerobot torchcodec accelerate aiohttp" \
     .venv-lerobot/bin/python -m pytest -q "$@" \
     tests/test_environment.py tests/test_readme.py tests/test_golden.py tests/test_reader.py \
     tests/test_decode.py tests/test_rgb24.py tests/test_simd_levels.py tests/test_collate.py \
@@ -33,5 +33,6 @@ if [ "${LEROBOT_ENV:-1}" != 0 ]; then
     tests/test_worker_epochs.py tests/test_s3.py tests/test_lerobot_meta.py \
     tests/test_lerobot_training.py tests/test_stats.py tests/test_mixture_reader.py \
     tests/test_lerobot_aggregate.py tests/test_long_gop.py tests/test_lerobot_train.py \
-    tests/test_accelerate_guard.py tests/test_train_arguments.py
+    tests/test_accelerate_guard.py tests/test_train_arguments.py tests/test_http.py \
+    tests/test_source_location.py
 fi

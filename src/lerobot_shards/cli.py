@@ -90,7 +90,8 @@ def convert(
     no_progress: bool, executor: str, ray_address: str | None, max_in_flight: int | None,
     trust_finished: bool, decode_check: bool,
 ) -> None:  # fmt: skip
-    """Convert the LeRobot dataset at SOURCE into shards at DEST (paths or fsspec URLs).
+    """Convert the LeRobot dataset at SOURCE into shards at DEST (paths or fsspec URLs; SOURCE
+    may be a Hub repo id, read from LeRobot's local copy when it has one).
 
     Rerunning an interrupted conversion finishes it without redoing finished episodes.
     """

@@ -65,6 +65,7 @@ from lerobot_shards.format import (
     manifest_table,
 )
 from lerobot_shards.source import Source, open_source
+from lerobot_shards.source.location import resolve_source
 
 # ConvertError, JobArgs, convert_episode and STATE_DIR live in ``job`` (``ray_executor`` needs
 # them too) and are importable from here as well.
@@ -119,6 +120,9 @@ def convert(
 ) -> ConvertSummary:
     """Convert a LeRobot dataset (v3.0 or v2.1) at ``source`` into shards at ``dest``.
 
+    ``source``: a local path, an fsspec URL (``s3://``, ``https://``, ``hf://datasets/...``),
+    or a Hub repo id, read from LeRobot's local copy when it has one (``source/location.py``).
+
     Reruns resume: only missing or broken episodes are converted. A finished shard is kept if
     it still has its recorded size and checksum, which reads it once; ``trust_finished`` checks
     the size only (for a resume on object storage, where reading means downloading).
@@ -151,6 +155,7 @@ def convert(
         from lerobot_shards.converter.ray_executor import import_ray
 
         import_ray()  # before touching DEST: says how to install Ray if it is missing
+    source = resolve_source(str(source))
     src = open_source(source, storage_options)
     fs, root = fsspec.core.url_to_fs(str(dest), **(dest_storage_options or {}))
     root = root.rstrip("/") or "/"

@@ -45,6 +45,10 @@ class FetchError(OSError):
     """An episode's bytes could not be read, even after retries."""
 
 
+class RangeIgnoredError(FormatError):
+    """The server answered a byte range with more bytes than asked (it ignores ``Range``)."""
+
+
 class ChecksumError(FormatError):
     """An episode's bytes do not match the manifest checksum: the shard is corrupt."""
 
@@ -91,10 +95,19 @@ def read_span(
     while True:
         try:
             data = fs.cat_file(span.path, start=span.offset, end=span.offset + span.size)
+            if len(data) > span.size:  # retrying cannot help: refused at once
+                raise RangeIgnoredError(
+                    f"{where}: asked for the {span.size} bytes at offset {span.offset}, the "
+                    f"server sent {len(data)}: it ignores byte ranges (a static server without "
+                    "range support answers with the whole file), and only the whole-shard "
+                    "spans the converter writes can be read from it"
+                )
             if len(data) != span.size:
                 raise FetchError(
                     f"{where}: short read, {len(data)} of {span.size} bytes at offset {span.offset}"
                 )
+        except RangeIgnoredError:
+            raise
         except Exception as exc:
             if not is_transient(exc):
                 raise FetchError(f"{where}: cannot read the episode's bytes: {exc!r}") from exc
@@ -152,6 +165,8 @@ def retry_transient(
     while True:
         try:
             return call()
+        except RangeIgnoredError:
+            raise
         except Exception as exc:
             if not is_transient(exc):
                 raise
