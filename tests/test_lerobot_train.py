@@ -149,6 +149,12 @@ def killed_run(av1, two_process_run, tmp_path_factory):
     return records, out
 
 
+def step_3_config(out: Path) -> Path:
+    """The killed run's step-3 checkpoint (each resume writes to its own --output_dir, so that
+    no test moves the killed run's ``last``)."""
+    return out / "checkpoints/000003/pretrained_model/train_config.json"
+
+
 def test_killed_run_resumed_on_two_processes_consumes_what_the_uninterrupted_run_did(
     two_process_run, killed_run, tmp_path
 ):
@@ -156,10 +162,10 @@ def test_killed_run_resumed_on_two_processes_consumes_what_the_uninterrupted_run
     killed, out = killed_run
     for rank in range(2):  # the same stream until the kill
         assert killed[rank][:3] == uninterrupted[rank][:3]
-    config = out / "checkpoints/last/pretrained_model/train_config.json"
     resumed, _ = train(  # no --shards: the checkpoint names them
-        tmp_path, "--resume=true", f"--config_path={config}", launcher="torchrun"
-    )
+        tmp_path, "--resume=true", f"--config_path={step_3_config(out)}",
+        f"--output_dir={tmp_path / 'out'}", launcher="torchrun",
+    )  # fmt: skip
     for rank in range(2):
         assert resumed[rank] == uninterrupted[rank][3:], f"rank {rank}"
 
@@ -169,14 +175,14 @@ def test_killed_run_resumed_on_one_process_finishes_the_epoch_exactly(
 ):
     _, uninterrupted, _ = two_process_run
     _, out = killed_run
-    config = out / "checkpoints/last/pretrained_model/train_config.json"
     taken = flat(uninterrupted[0][:3]) + flat(uninterrupted[1][:3])
     rest = GOLDEN_FRAMES - len(taken)
     # 1 process, 2 workers now: the rest of epoch 0 (26 samples, 13 per worker: 8, 8, 5, 5),
     # then epoch 1 (37 per worker: 10 batches); 14 steps after step 3.
     resumed, _ = train(
-        tmp_path, "--resume=true", f"--config_path={config}", "--num_workers=2", "--steps=17"
-    )
+        tmp_path, "--resume=true", f"--config_path={step_3_config(out)}", "--num_workers=2",
+        "--steps=17", f"--output_dir={tmp_path / 'out'}",
+    )  # fmt: skip
     (steps,) = resumed
     indices = flat(steps)
     assert len(steps) == 14 and len(indices) == rest + GOLDEN_FRAMES
