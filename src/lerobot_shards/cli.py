@@ -38,6 +38,20 @@ def parse_episodes(spec: str) -> list[int]:
     return list(dict.fromkeys(out))
 
 
+BUFFER_SIZE = click.option(
+    "--buffer-size",
+    type=click.IntRange(min=1),
+    default=64,
+    show_default=True,
+    help="Episodes resident in each worker's pool.",
+)
+BYTE_BUDGET = click.option(
+    "--byte-budget-gb",
+    type=click.FloatRange(min=0, min_open=True),
+    help="Bytes resident for each process (rank), split over its workers (default: no limit).",
+)
+
+
 @click.group()
 @click.version_option(package_name="lerobot-shards")
 def main() -> None:
@@ -212,18 +226,8 @@ def parse_weights(spec: str | None, count: int) -> list[float] | None:
     type=click.IntRange(min=1),
     help="Epochs to stream (default 1; with --seconds, as many as fit).",
 )
-@click.option(
-    "--buffer-size",
-    type=click.IntRange(min=1),
-    default=64,
-    show_default=True,
-    help="Episodes resident in each worker's pool.",
-)
-@click.option(
-    "--byte-budget-gb",
-    type=click.FloatRange(min=0, min_open=True),
-    help="Bytes resident for this rank, split over its workers (default: no limit).",
-)
+@BUFFER_SIZE
+@BYTE_BUDGET
 @click.option(
     "--uint8/--float",
     "uint8",
@@ -306,18 +310,8 @@ def stream(
     default="{}",
     help='fsspec options as JSON, e.g. \'{"endpoint_url": "http://..."}\'.',
 )
-@click.option(
-    "--buffer-size",
-    type=click.IntRange(min=1),
-    default=64,
-    show_default=True,
-    help="Episodes resident in each worker's pool.",
-)
-@click.option(
-    "--byte-budget-gb",
-    type=click.FloatRange(min=0, min_open=True),
-    help="Bytes resident per process, split over its workers (default: no limit).",
-)
+@BUFFER_SIZE
+@BYTE_BUDGET
 @click.pass_context
 def train(
     ctx: click.Context, roots: tuple[str, ...], weights: str | None, storage_options: str,
