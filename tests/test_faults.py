@@ -24,11 +24,10 @@ from pathlib import Path
 import aiohttp
 import pytest
 import s3fs
-import torch
 from botocore.exceptions import BotoCoreError
 from fault_proxy import ALL_FAULT_KINDS, FAULT_KINDS, FaultProxy
+from support.batches import assert_same_items, epochs
 from support.s3 import S3Bucket, S3Server
-from torch.utils.data import DataLoader
 
 import lerobot_shards
 from lerobot_shards import ShardedLeRobotDataset
@@ -222,29 +221,6 @@ def s3_av1(s3_server: S3Server, golden_dir: Path) -> tuple[S3Bucket, str]:
     return bucket, url
 
 
-def _epochs(ds: ShardedLeRobotDataset, num_workers: int, epochs: int = 2) -> list[list[dict]]:
-    """The items of the first ``epochs`` epochs, directly or through a DataLoader."""
-    out = []
-    for epoch in range(epochs):
-        ds.set_epoch(epoch)
-        if num_workers == 0:
-            out.append(list(ds))
-        else:
-            out.append(list(DataLoader(ds, batch_size=None, num_workers=num_workers)))
-    return out
-
-
-def _assert_same_items(got: list[dict], want: list[dict]) -> None:
-    assert [int(i["index"]) for i in got] == [int(i["index"]) for i in want]
-    for a, b in zip(got, want, strict=True):
-        assert list(a) == list(b)
-        for key, value in b.items():
-            if isinstance(value, torch.Tensor):
-                assert torch.equal(a[key], value), (int(b["index"]), key)
-            else:
-                assert a[key] == value, (int(b["index"]), key)
-
-
 WORKERS = [0, 2]  # direct iteration, and a DataLoader with 2 workers (from the forkserver)
 
 
@@ -257,7 +233,7 @@ def test_epoch_through_faults_equals_the_epoch_without(
     proxy = bucket.proxy
     options = bucket.storage_options
     proxy.set_faults(0.0)
-    clean = _epochs(ShardedLeRobotDataset(url, storage_options=options, seed=3), num_workers)
+    clean = epochs(ShardedLeRobotDataset(url, storage_options=options, seed=3), num_workers)
     for epoch in clean:
         assert sorted(int(i["index"]) for i in epoch) == list(range(FRAMES))
     assert [int(i["index"]) for i in clean[0]] != [int(i["index"]) for i in clean[1]]
@@ -267,10 +243,10 @@ def test_epoch_through_faults_equals_the_epoch_without(
     proxy.set_faults(0.2, seed=1788)
     proxy.clear()
     # Opening the dataset (index.json, manifest, meta/) goes through the faults too.
-    faulty = _epochs(ShardedLeRobotDataset(url, storage_options=options, seed=3), num_workers)
+    faulty = epochs(ShardedLeRobotDataset(url, storage_options=options, seed=3), num_workers)
     proxy.set_faults(0.0)
     for got, want in zip(faulty, clean, strict=True):
-        _assert_same_items(got, want)
+        assert_same_items(got, want)
     shard_faults = Counter(r.fault for r in proxy.requests("GET", path_contains="/shards/"))
     assert set(shard_faults) - {None} == set(FAULT_KINDS), shard_faults
     assert {r.fault for r in proxy.log if "/shards/" not in r.path} - {None} == set(FAULT_KINDS)
@@ -293,7 +269,7 @@ def test_reader_gives_up_in_bounded_time_naming_shard_and_episode(
     started = time.monotonic()
     where = rf"{AV1}/shards/000/episode-\d{{6}}\.tar \(episode \d\)"
     with pytest.raises(OSError, match=rf"{where}: reading bytes \d+\.\.\d+ failed 3 times"):
-        _epochs(ds, num_workers, epochs=1)
+        epochs(ds, num_workers, count=1)
     elapsed = time.monotonic() - started
     bucket.proxy.set_faults(0.0)
     assert elapsed < 90, f"gave up after {elapsed:.0f} s"
@@ -407,15 +383,15 @@ def test_the_readers_own_retries_carry_epochs_through_twenty_percent_faults(
     bucket, url = s3_av1
     proxy = bucket.proxy
     options = readers_retries_only
-    epochs = 3
+    count = 3
     proxy.set_faults(0.0)
     proxy.clear()
     clean_ds = ShardedLeRobotDataset(url, storage_options=options, seed=3)
     # Opening reads each metadata file once; an epoch reads each shard once.
     meta_reads = Counter({r.path for r in proxy.log})
     proxy.clear()
-    clean = _epochs(clean_ds, 0, epochs)
-    shard_reads = Counter({r.path: epochs for r in proxy.log})
+    clean = epochs(clean_ds, 0, count)
+    shard_reads = Counter({r.path: count for r in proxy.log})
     assert len(meta_reads) == 5 and len(shard_reads) == 6, (meta_reads, shard_reads)
     for epoch in clean:
         assert sorted(int(i["index"]) for i in epoch) == list(range(FRAMES))
@@ -436,10 +412,10 @@ def test_the_readers_own_retries_carry_epochs_through_twenty_percent_faults(
     proxy.set_faults(0.2, seed=0, kinds=ALL_FAULT_KINDS, path_contains="/shards/")
     proxy.clear()
     caplog.clear()
-    faulty = _epochs(ds, 0, epochs)
+    faulty = epochs(ds, 0, count)
     proxy.set_faults(0.0)
     for got, want in zip(faulty, clean, strict=True):
-        _assert_same_items(got, want)
+        assert_same_items(got, want)
     assert all(r.fault or r.status == 206 for r in proxy.log)
     faults = Counter(r.fault for r in proxy.log if r.fault)
     assert set(faults) == set(ALL_FAULT_KINDS), faults
@@ -460,14 +436,14 @@ def test_readme_options_carry_dataloader_workers_through_torn_reads_and_stalls(
     config = {"retries": {"total_max_attempts": 1}, "read_timeout": 1}
     options = {**bucket.storage_options, "config_kwargs": config}
     proxy.set_faults(0.0)
-    clean = _epochs(ShardedLeRobotDataset(url, storage_options=options, seed=3), 2)
+    clean = epochs(ShardedLeRobotDataset(url, storage_options=options, seed=3), 2)
     ds = ShardedLeRobotDataset(url, storage_options=options, seed=3)
     proxy.set_faults(0.2, seed=SEED_WORKERS, kinds=ALL_FAULT_KINDS, path_contains="/shards/")
     proxy.clear()
-    faulty = _epochs(ds, 2)
+    faulty = epochs(ds, 2)
     proxy.set_faults(0.0)
     for got, want in zip(faulty, clean, strict=True):
-        _assert_same_items(got, want)
+        assert_same_items(got, want)
     faults = Counter(r.fault for r in proxy.log if r.fault)
     assert {"torn", "stall"} <= set(faults), faults
 
@@ -489,7 +465,7 @@ def test_torn_reads_past_the_retries_name_shard_and_episode(
     where = rf"{AV1}/shards/000/episode-\d{{6}}\.tar \(episode \d\)"
     children = set(multiprocessing.active_children())
     with pytest.raises(ValueError, match=rf"{where}: checksum mismatch on 3 reads .*torn reads"):
-        _epochs(ds, num_workers, epochs=1)
+        epochs(ds, num_workers, count=1)
     _assert_no_worker_left(children)
     bucket.proxy.set_faults(0.0)
     assert {r.fault for r in bucket.proxy.log} == {"torn"}
@@ -608,7 +584,7 @@ def test_the_reader_retries_through_an_object_store_outage(
             restart = threading.Thread(target=come_back, daemon=True)
             restart.start()
     restart.join(timeout=60)
-    _assert_same_items(got, clean)
+    assert_same_items(got, clean)
     refused = [m for m in retry_warnings.messages if "Could not connect" in m]
     assert refused, retry_warnings.messages
     assert all("/shards/" in m for m in retry_warnings.messages)
@@ -643,14 +619,14 @@ def test_an_outage_past_the_retries_fails_clearly_and_the_checkpoint_resumes_exa
             if len(got) % 8 == 0:
                 checkpoint = (len(got), ds.state_dict())
     assert 0 < len(got) < FRAMES
-    _assert_same_items(got, clean[: len(got)])
+    assert_same_items(got, clean[: len(got)])
     taken, state = checkpoint
     assert state["offset"] == taken and taken > 0
 
     gate.up()  # the store is back: resume from the checkpoint, as a restarted job would
     resumed = ShardedLeRobotDataset(url, storage_options=options, **OUTAGE)
     resumed.load_state_dict(state)
-    _assert_same_items(list(resumed), clean[taken:])
+    assert_same_items(list(resumed), clean[taken:])
 
 
 def test_an_outage_past_the_retries_in_dataloader_workers_resumes_exactly(

@@ -14,11 +14,10 @@ from pathlib import Path
 import fsspec
 import pyarrow.parquet as pq
 import pytest
-import torch
 from fault_proxy import FAULT_KINDS, FaultProxy
+from support.batches import assert_same_items, epochs
 from support.http_server import StaticServer
 from support.required import importorskip
-from torch.utils.data import DataLoader
 
 import lerobot_shards
 from lerobot_shards import ShardedLeRobotDataset
@@ -28,29 +27,6 @@ from lerobot_shards.reader.fetch import RangeIgnoredError, Span, read_span
 importorskip("aiohttp", reason="fsspec's HTTP filesystem needs aiohttp (pip install fsspec[http])")
 
 FRAMES = 74  # the golden av1_multifile dataset, by its meta/info.json
-
-
-def epochs(ds: ShardedLeRobotDataset, num_workers: int, count: int = 2) -> list[list[dict]]:
-    """The items of the first ``count`` epochs, directly or through a DataLoader."""
-    out = []
-    for epoch in range(count):
-        ds.set_epoch(epoch)
-        loader = (
-            ds if num_workers == 0 else DataLoader(ds, batch_size=None, num_workers=num_workers)
-        )
-        out.append(list(loader))
-    return out
-
-
-def assert_same_items(got: list[dict], want: list[dict]) -> None:
-    assert [int(i["index"]) for i in got] == [int(i["index"]) for i in want]
-    for a, b in zip(got, want, strict=True):
-        assert list(a) == list(b)
-        for key, value in b.items():
-            if isinstance(value, torch.Tensor):
-                assert torch.equal(a[key], value), (int(b["index"]), key)
-            else:
-                assert a[key] == value, (int(b["index"]), key)
 
 
 @pytest.fixture(scope="module")
