@@ -16,12 +16,14 @@ import fsspec
 import pytest
 from click.testing import CliRunner
 
+from lerobot_shards import ShardedLeRobotDataset
 from lerobot_shards.cli import main, parse_episodes
 from lerobot_shards.converter.job import read_records
 from lerobot_shards.converter.shard import write_tar
 from lerobot_shards.format import (
     INDEX_FILE,
     MANIFEST_FILE,
+    FormatError,
     checksum,
     episode_key,
     manifest_rows,
@@ -147,9 +149,9 @@ def test_verify_passes_then_reports_a_flipped_byte_and_a_truncated_tar(
     assert "2 problem(s)" in result.stderr
 
 
-def test_verify_deep_decodes_every_frame(converted: Path, tmp_path: Path):
-    """A shard that is consistent with its manifest but whose mp4 holds the wrong frames passes
-    the plain check and fails --deep."""
+def test_verify_finds_an_mp4_with_the_wrong_frames(converted: Path, tmp_path: Path):
+    """A shard that is consistent with its manifest but whose mp4 holds the wrong frames: verify
+    counts its packets as the reader does, and the reader refuses it."""
     fs = fsspec.filesystem("file")
     damaged = tmp_path / "d"
     subprocess.run(["cp", "-r", str(converted), str(damaged)], check=True)
@@ -168,12 +170,16 @@ def test_verify_deep_decodes_every_frame(converted: Path, tmp_path: Path):
     index.total_bytes = sum(r.size for r in rows)
     (damaged / INDEX_FILE).write_bytes(index.to_json())
 
-    assert run("verify", str(damaged)).returncode == 0
+    plain = run("verify", str(damaged))
+    assert plain.returncode == 1
+    assert "cam_high.mp4: holds 1 packets, its header says 30 frames" in plain.stderr
+    with pytest.raises(FormatError, match="episode 2"):
+        list(ShardedLeRobotDataset(str(damaged)))
     result = run("verify", str(damaged), "--deep")
     assert result.returncode == 1
     assert (
         f"episode 2 {shard_path(2)}: episode-000002.observation.images.cam_high.mp4: "
-        "decodes to 1 frames, expected 30" in result.stderr
+        "holds 1 packets, its header says 30 frames" in result.stderr
     )
 
 

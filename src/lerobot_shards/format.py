@@ -123,11 +123,16 @@ class EpisodeHeader:
 
     @classmethod
     def from_json(cls, data: bytes | str, where: str = "episode header") -> EpisodeHeader:
+        """Parse a header, every field checked (``validate.check_header``)."""
+        from lerobot_shards.validate import check_header
+
         try:
-            raw = json.loads(data)
-            cameras = {k: CameraHeader(**v) for k, v in raw.pop("cameras", {}).items()}
+            raw = check_header(json.loads(data), where)
+            cameras = {k: CameraHeader(**v) for k, v in raw.pop("cameras").items()}
             return cls(**raw, cameras=cameras)
         except (ValueError, TypeError) as exc:
+            if isinstance(exc, FormatError):
+                raise
             raise FormatError(f"{where}: not a valid episode header: {exc}") from exc
 
 
@@ -224,7 +229,9 @@ def read_manifest(fs: fsspec.AbstractFileSystem, path: str) -> pa.Table:
     missing = [n for n in MANIFEST_SCHEMA.names if n not in table.column_names]
     if missing:
         raise FormatError(f"{path}: manifest lacks columns {missing}")
-    return table.select(MANIFEST_SCHEMA.names)
+    from lerobot_shards.validate import check_manifest
+
+    return check_manifest(table, path)
 
 
 def manifest_rows(table: pa.Table) -> list[ManifestRow]:
@@ -279,17 +286,30 @@ class DatasetIndex:
         if not isinstance(raw, dict) or raw.get("format") != FORMAT_NAME:
             got = raw.get("format") if isinstance(raw, dict) else type(raw).__name__
             raise FormatError(f"{where}: unknown format {got!r}, expected {FORMAT_NAME!r}")
-        version = raw.get("format_version")
-        if not isinstance(version, int) or version > FORMAT_VERSION:
+        from lerobot_shards import validate as check
+
+        version = check.integer(raw.get("format_version"), where, "format_version", minimum=1)
+        if version > FORMAT_VERSION:
             raise FormatError(
                 f"{where}: format version {version!r} is newer than this reader supports "
                 f"({FORMAT_VERSION}); upgrade lerobot-shards"
             )
         known = {f for f in cls.__dataclass_fields__}
         try:
-            return cls(**{k: v for k, v in raw.items() if k in known})
+            index = cls(**{k: v for k, v in raw.items() if k in known})
         except TypeError as exc:
             raise FormatError(f"{where}: incomplete index: {exc}") from exc
+        check.text(index.codebase_version, where, "codebase_version")
+        check.number(index.fps, where, "fps")
+        check.check_features(index.features, where)
+        for name in ("total_episodes", "total_frames", "total_bytes"):
+            check.integer(getattr(index, name), where, name)
+        check.text(index.writer_version, where, "writer_version")
+        check.text(index.manifest_checksum, where, "manifest_checksum")
+        check.texts(index.camera_keys, where, "camera_keys")
+        check.texts(index.video_keys, where, "video_keys")
+        check.check_camera_keys(index.features, index.camera_keys, index.video_keys, where)
+        return index
 
 
 def read_index(fs: fsspec.AbstractFileSystem, root: str) -> DatasetIndex:

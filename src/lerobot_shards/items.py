@@ -54,15 +54,30 @@ def query_positions(
     return queries, pads
 
 
-def _decode_image(value: object) -> np.ndarray:
-    """PNG/JPEG bytes (LeRobot's ``image`` feature: a struct of bytes and path) to HWC uint8."""
+def _decode_image(
+    value: object, size: tuple[int, int] | None = None, allow_path: bool = True
+) -> np.ndarray:
+    """PNG/JPEG bytes (LeRobot's ``image`` feature: a struct of bytes and path) to HWC uint8.
+
+    ``size`` (height, width): the size the features declare, checked before the pixels are
+    decoded. ``allow_path``: a row naming a file instead of holding its bytes is read from
+    disk (a LeRobot dataset being recorded); shards hold the bytes, and never send a reader
+    elsewhere."""
     from PIL import Image
 
     data = value["bytes"] if isinstance(value, Mapping) else value
     if data is None and isinstance(value, Mapping) and value.get("path"):
+        if not allow_path:
+            raise ValueError(f"an image names a file ({value['path']!r}) instead of its bytes")
         with open(value["path"], "rb") as f:
             data = f.read()
+    if not isinstance(data, bytes):
+        raise ValueError(f"an image holds {type(data).__name__}, not encoded bytes")
     with Image.open(io.BytesIO(data)) as img:
+        if size is not None and (img.height, img.width) != tuple(size):
+            raise ValueError(
+                f"an image is {img.height}x{img.width}, the features say {size[0]}x{size[1]}"
+            )
         return np.array(img.convert("RGB"))  # writable, for torch.from_numpy
 
 
@@ -81,8 +96,18 @@ class EpisodeColumns:
     others: dict[str, list]
     length: int
 
+    image_sizes: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    """Per image feature, its (height, width): a decoded image of another size is refused
+    (shards; a LeRobot source leaves it empty)."""
+
     @classmethod
-    def from_table(cls, table: pa.Table, image_keys: Sequence[str] = ()) -> EpisodeColumns:
+    def from_table(
+        cls,
+        table: pa.Table,
+        image_keys: Sequence[str] = (),
+        image_sizes: Mapping[str, tuple[int, int]] | None = None,
+    ) -> EpisodeColumns:
         tensors: dict[str, torch.Tensor] = {}
         images: dict[str, list] = {}
         others: dict[str, list] = {}
@@ -96,7 +121,8 @@ class EpisodeColumns:
                 others[name] = column.to_pylist()
             else:
                 tensors[name] = torch.from_numpy(array)
-        return cls(list(table.column_names), tensors, images, others, table.num_rows)
+        sizes = dict(image_sizes or {})
+        return cls(list(table.column_names), tensors, images, others, table.num_rows, sizes)
 
     def value(self, name: str, positions: int | np.ndarray) -> object:
         """The column at one row position (0-dim / per-row shape) or stacked over several."""
@@ -117,7 +143,9 @@ class EpisodeColumns:
     def _image(self, name: str, position: int) -> torch.Tensor:
         cell = self.images[name][position]
         if not isinstance(cell, torch.Tensor):
-            cell = torch.from_numpy(_decode_image(cell)).permute(2, 0, 1).contiguous()
+            size = self.image_sizes.get(name)
+            array = _decode_image(cell, size, allow_path=size is None)
+            cell = torch.from_numpy(array).permute(2, 0, 1).contiguous()
             self.images[name][position] = cell
         return cell
 

@@ -14,6 +14,7 @@ from typing import Any
 import av
 import fsspec
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from lerobot_shards.format import (
@@ -30,6 +31,7 @@ from lerobot_shards.format import (
     rows_member,
     video_member,
 )
+from lerobot_shards.validate import check_camera, check_rows, check_tar_member, check_totals
 
 PERCENTILES = (0, 50, 90, 99, 100)
 
@@ -125,10 +127,14 @@ def verify_dataset(
 ) -> list[Problem]:
     """Every problem found: checksums, tar structure, member offsets, headers, rows; with
     ``deep`` also every frame of every camera decoded and counted."""
+    from lerobot_shards.reader.meta import read_meta  # no torch: verify runs without it
+
     fs, path = _open(root, storage_options)
     try:
         index = read_index(fs, path)
         table = read_manifest(fs, join(path, MANIFEST_FILE))
+        # The reader's own checks of meta/info.json and the tasks: the two agree.
+        meta = read_meta(fs, path, index, table, root)
     except (FormatError, FileNotFoundError) as exc:
         return [Problem(None, None, str(exc))]
     problems = []
@@ -136,28 +142,26 @@ def verify_dataset(
         if checksum(f.read()) != index.manifest_checksum:
             problems.append(Problem(None, MANIFEST_FILE, "checksum differs from index.json"))
     rows = manifest_rows(table)
-    totals = {
-        "total_episodes": len(rows),
-        "total_frames": sum(r.length for r in rows),
-        "total_bytes": sum(r.size for r in rows),
-    }
-    for name, value in totals.items():
-        if getattr(index, name) != value:
-            problems.append(
-                Problem(None, None, f"index.json {name}={getattr(index, name)}, manifest: {value}")
-            )
+    try:
+        check_totals(index, table, root)
+    except FormatError as exc:
+        problems.append(Problem(None, None, str(exc)))
     for row in rows:
-        problems += [
-            Problem(row.episode_index, row.shard, msg)
-            for msg in verify_episode(fs, path, row, index.video_keys, deep)
-        ]
+        found = verify_episode(fs, path, row, index.video_keys, deep, meta)
+        problems += [Problem(row.episode_index, row.shard, msg) for msg in found]
     return problems
 
 
 def verify_episode(
-    fs: fsspec.AbstractFileSystem, root: str, row: ManifestRow, video_keys: list[str], deep: bool
+    fs: fsspec.AbstractFileSystem,
+    root: str,
+    row: ManifestRow,
+    video_keys: list[str],
+    deep: bool,
+    meta: Any,
 ) -> list[str]:
-    """What is wrong with one episode's shard (empty if nothing)."""
+    """What is wrong with one episode's shard (empty if nothing), by the reader's own checks
+    (``validate.py``) against the dataset's ``meta`` (``reader.meta.DatasetMeta``)."""
     shard = join(root, row.shard)
     try:
         actual = fs.size(shard)
@@ -167,6 +171,8 @@ def verify_episode(
         return [f"shard is {actual} bytes, the manifest span ends at {row.offset + row.size}"]
     data = fs.cat_file(shard, start=row.offset, end=row.offset + row.size)
     problems = []
+    if len(data) != row.size:
+        return [f"read {len(data)} of the span's {row.size} bytes"]
     if checksum(data) != row.checksum:
         problems.append("checksum mismatch: the shard's bytes differ from the manifest")
     expected = [header_member(row.episode_index), rows_member(row.episode_index)]
@@ -189,39 +195,53 @@ def verify_episode(
         header = EpisodeHeader.from_json(members[expected[0]], where=expected[0])
     except FormatError as exc:
         return [str(exc)]
+    if any(key not in header.cameras for key in video_keys):
+        return [f"header lacks cameras of {video_keys}"]
     if (header.episode_index, header.length) != (row.episode_index, row.length):
         problems.append(
             f"header says episode {header.episode_index} with {header.length} frames, "
             f"the manifest episode {row.episode_index} with {row.length}"
         )
+    where = f"{shard} (episode {row.episode_index})"
     try:
-        n_rows = pq.read_metadata(io.BytesIO(members[expected[1]])).num_rows
-    except Exception as exc:
-        problems.append(f"{expected[1]}: parquet does not parse: {exc}")
-    else:
-        if n_rows != row.length:
-            problems.append(f"{expected[1]}: {n_rows} rows, expected {row.length}")
+        for member in row.members:
+            check_tar_member(data, member.offset - row.offset, member.size, member.name, where)
+        rows = pq.read_table(io.BytesIO(members[expected[1]]))
+        if rows.num_rows != row.length:
+            return [f"{expected[1]}: {rows.num_rows} rows, expected {row.length}"]
+        check_rows(rows, meta.features, header, len(meta.task_names), where)
+        for key in video_keys:
+            check_camera(header.cameras[key], meta.features[key], row.length, key, where)
+    except FormatError as exc:
+        return [str(exc)]
+    except (pa.ArrowException, OSError) as exc:
+        return [f"{expected[1]}: rows do not parse: {exc}"]
     for key in video_keys:
-        cam = header.cameras.get(key)
-        if cam is None:
-            problems.append(f"header has no camera {key}")
-        elif cam.frames != row.length + cam.skip_frames + cam.tail_frames:
-            problems.append(
-                f"camera {key}: header says {cam.frames} frames, expected "
-                f"{row.length} + {cam.skip_frames} skipped + {cam.tail_frames} after"
-            )
-        elif deep:
-            name = video_member(row.episode_index, key)
-            problems += [f"{name}: {msg}" for msg in _decode_check(members[name], cam.frames)]
+        cam = header.cameras[key]
+        name = video_member(row.episode_index, key)
+        problems += [f"{name}: {msg}" for msg in _video_check(members[name], cam, deep)]
     return problems
 
 
-def _decode_check(data: bytes, frames: int) -> list[str]:
+def _video_check(data: bytes, camera: Any, deep: bool) -> list[str]:
+    """The mp4's size and packets as its header says (as the reader demuxes it); with
+    ``deep``, every frame decoded and counted."""
     try:
+        with av.open(io.BytesIO(data), mode="r", format="mp4") as container:
+            stream = container.streams.video[0]
+            context = stream.codec_context
+            if context is None or (context.height, context.width) != (camera.height, camera.width):
+                size = "no codec" if context is None else f"{context.height}x{context.width}"
+                return [f"the video is {size}, its header says {camera.height}x{camera.width}"]
+            packets = sum(1 for p in container.demux(stream) if p.size)
+            if packets != camera.frames:
+                return [f"holds {packets} packets, its header says {camera.frames} frames"]
+        if not deep:
+            return []
         with av.open(io.BytesIO(data), mode="r") as container:
             count = sum(1 for _ in container.decode(video=0))
-    except av.error.FFmpegError as exc:
+    except (av.error.FFmpegError, IndexError) as exc:  # IndexError: no video stream
         return [f"does not decode: {exc}"]
-    if count != frames:
-        return [f"decodes to {count} frames, expected {frames}"]
+    if count != camera.frames:
+        return [f"decodes to {count} frames, expected {camera.frames}"]
     return []

@@ -24,6 +24,7 @@ from lerobot_shards.items import ItemSpec, delta_indices
 from lerobot_shards.reader.episode import Episode, load_episode
 from lerobot_shards.reader.fetch import RetryingReads, read_span
 from lerobot_shards.reader.meta import DatasetMeta, Selection, read_meta
+from lerobot_shards.validate import check_totals
 
 OPEN_THREADS = 32
 """Members opened at once (their small metadata files are read concurrently)."""
@@ -99,6 +100,7 @@ class Member:
         fs = RetryingReads(self._fs)  # a flaky store fails small files too
         index = read_index(fs, self.path)  # first: it says whether this is a dataset
         self.selection = Selection.read(fs, self.path, source.episodes, self.root)
+        check_totals(index, self.selection.manifest, self.root)
         self.meta: DatasetMeta = read_meta(fs, self.path, index, self.selection.manifest, self.root)
         key_map = dict(source.key_map)
         unknown = sorted(set(key_map) - set(self.meta.features) - {"task"})
@@ -146,6 +148,8 @@ class Member:
             length=selection.length(episode),
             shard=span.path,
             spec=self.spec,
+            features=self.meta.features,
+            num_tasks=len(self.meta.task_names),
             backend=backend,
         )
 

@@ -72,6 +72,7 @@ class Video:
         length: int,
         skip_frames: int = 0,
         tail_frames: int = 0,
+        size: tuple[int, int] | None = None,
         backend: str = "pyav",
         where: str = "video",
     ) -> None:
@@ -88,6 +89,14 @@ class Video:
         try:
             with av.open(io.BytesIO(self.data), mode="r", format="mp4") as container:
                 stream = container.streams.video[0]
+                if stream.codec_context is None:
+                    raise DecodeError(f"{where}: video does not decode: no codec")
+                coded = (stream.codec_context.height, stream.codec_context.width)
+                if size is not None and coded != tuple(size):
+                    raise DecodeError(  # before any frame is decoded: no large allocation
+                        f"{where}: the video is {coded[0]}x{coded[1]}, its header and the "
+                        f"features say {size[0]}x{size[1]}"
+                    )
                 self.codec = stream.codec_context.codec.name
                 # one decoded frame as rgb24: what the frame cache counts a held frame as
                 self.frame_bytes = stream.codec_context.width * stream.codec_context.height * 3

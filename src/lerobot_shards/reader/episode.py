@@ -34,6 +34,7 @@ from lerobot_shards.reader.collate import typed_item
 from lerobot_shards.reader.decode import Video
 from lerobot_shards.reader.frame_cache import FrameCache, Key, Pending
 from lerobot_shards.reader.rgb24 import to_rgb24, write_rgb24
+from lerobot_shards.validate import check_camera, check_rows, check_tar_member, frame_size
 
 
 def frame_nbytes(frame: torch.Tensor | av.VideoFrame) -> int:
@@ -131,6 +132,8 @@ class Episode:
     fetched: int
     """Bytes fetched (the videos' packets are read from them in place); decoded frames live in
     the stream's frame cache."""
+    where: str = "episode"
+    """The shard and episode, for errors."""
 
     def attach(self, cache: FrameCache, tag: Hashable) -> None:
         """Decode every camera through ``cache`` under episode tag ``tag``."""
@@ -180,7 +183,10 @@ class Episode:
                 stack = torch.stack([camera.take(int(p)) for p in positions])
                 frames[key] = stack.permute(0, 3, 1, 2)
         task_index = int(self.columns.value("task_index", position))
-        item = spec.build(self.columns, position, frames, tasks[task_index])
+        try:
+            item = spec.build(self.columns, position, frames, tasks[task_index])
+        except ValueError as exc:  # an image that lies about itself (items._decode_image)
+            raise FormatError(f"{self.where} row {position}: {exc}") from exc
         # Typed for default_collate, whatever collate_fn the DataLoader was given (collate.py)
         return typed_item(item, spec.output_camera_keys)
 
@@ -193,12 +199,16 @@ def load_episode(
     length: int,
     shard: str,
     spec: ItemSpec,
+    features: Mapping[str, Mapping],
+    num_tasks: int,
     backend: str = "pyav",
 ) -> Episode:
     """Split an episode's bytes into members, parse its rows and demux its videos (no decoding).
 
     ``members`` maps member names to ``(offset within data, size)`` (``format.member_spans``).
-    Before drawing, :meth:`Episode.attach` the stream's frame cache.
+    Everything is checked against the dataset's ``features`` and its ``num_tasks`` tasks
+    before it is used (``validate.py`` says why). Before drawing, :meth:`Episode.attach` the
+    stream's frame cache.
     """
     where = f"{shard} (episode {episode_index})"
 
@@ -211,6 +221,7 @@ def load_episode(
                 f"{where}: member {name!r} spans bytes {offset}..{offset + size}, "
                 f"outside the episode's {len(data)} bytes"
             )
+        check_tar_member(data, offset, size, name, where)
         return memoryview(data)[offset : offset + size]
 
     header = EpisodeHeader.from_json(
@@ -227,20 +238,24 @@ def load_episode(
         raise FormatError(f"{where}: rows parquet does not parse: {exc}") from exc
     if table.num_rows != length:
         raise FormatError(f"{where}: rows parquet has {table.num_rows} rows, expected {length}")
-    columns = EpisodeColumns.from_table(table, spec.image_keys)
+    check_rows(table, features, header, num_tasks, where)
+    sizes = {key: frame_size(features[key]) for key in spec.image_keys}
+    columns = EpisodeColumns.from_table(table, spec.image_keys, sizes)
 
     cameras: dict[str, CameraFrames] = {}
     for key in spec.video_keys:
         camera = header.cameras.get(key)
         if camera is None:
             raise FormatError(f"{where}: header has no camera {key!r}")
+        check_camera(camera, features[key], length, key, where)
         video = Video(
             member(video_member(episode_index, key)),
             length=length,
             skip_frames=camera.skip_frames,
             tail_frames=camera.tail_frames,
+            size=(camera.height, camera.width),
             backend=backend,
             where=f"{where} camera {key}",
         )
         cameras[key] = CameraFrames(video, key)
-    return Episode(episode_index, length, columns, cameras, len(data))
+    return Episode(episode_index, length, columns, cameras, len(data), where)

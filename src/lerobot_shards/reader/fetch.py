@@ -41,8 +41,17 @@ _PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirecto
 _TRANSIENT_MODULES = ("aiohttp", "botocore", "aiobotocore", "urllib3", "requests", "http")
 
 
+CHECKED_SPAN_BYTES = 64 * 2**20
+"""Spans larger than this are checked against the shard's size before they are read (a local
+read allocates what the span asks for, whatever the file holds)."""
+
+
 class FetchError(OSError):
     """An episode's bytes could not be read, even after retries."""
+
+
+class SpanError(FormatError):
+    """An episode's span ends past the end of its shard."""
 
 
 class RangeIgnoredError(FormatError):
@@ -90,6 +99,8 @@ def read_span(
     a corrupt shard, not retried further. Errors name the shard and the episode.
     """
     where = f"{span.path} (episode {span.episode})"
+    if span.size > CHECKED_SPAN_BYTES:  # before a read that would allocate all of it
+        _check_span_fits(fs, span, where)
     wrong: list[str] = []  # checksums of the reads that did not match, in order
     attempt = 0
     while True:
@@ -103,10 +114,11 @@ def read_span(
                     "spans the converter writes can be read from it"
                 )
             if len(data) != span.size:
+                _check_span_fits(fs, span, where)  # a shard shorter than its span: no retry
                 raise FetchError(
                     f"{where}: short read, {len(data)} of {span.size} bytes at offset {span.offset}"
                 )
-        except RangeIgnoredError:
+        except (RangeIgnoredError, SpanError):
             raise
         except Exception as exc:
             if not is_transient(exc):
@@ -139,6 +151,16 @@ def read_span(
         _back_off(where, problem, attempt, retries, backoff_s, max_backoff_s)
 
 
+def _check_span_fits(fs: fsspec.AbstractFileSystem, span: Span, where: str) -> None:
+    """Refuse a span that ends past its shard's end (a manifest that lies about it)."""
+    shard_size = fs.size(span.path)
+    if span.offset + span.size > shard_size:
+        raise SpanError(
+            f"{where}: the manifest's span ends at byte {span.offset + span.size}, the shard "
+            f"has {shard_size}"
+        )
+
+
 def _back_off(
     where: str, problem: str, attempt: int, retries: int, backoff_s: float, max_backoff_s: float
 ) -> None:
@@ -165,7 +187,7 @@ def retry_transient(
     while True:
         try:
             return call()
-        except RangeIgnoredError:
+        except (RangeIgnoredError, SpanError):
             raise
         except Exception as exc:
             if not is_transient(exc):

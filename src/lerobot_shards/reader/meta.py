@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from lerobot_shards.format import (
+    INDEX_FILE,
     INFO_FILE,
     MANIFEST_FILE,
     STATS_FILE,
@@ -25,6 +26,7 @@ from lerobot_shards.format import (
     read_whole,
 )
 from lerobot_shards.reader.fetch import Span
+from lerobot_shards.validate import check_tasks
 
 LANGUAGE_COLUMNS = ("language_persistent", "language_events")
 """The columns that make LeRobot's training loop collate with ``lerobot_collate_fn``."""
@@ -233,7 +235,16 @@ def read_meta(
     except Exception as exc:
         raise FormatError(f"{tasks_path}: tasks do not parse: {exc}") from exc
     indices = table.column("task_index").to_pylist()
-    tasks = [""] * (max(indices, default=-1) + 1)
+    check_tasks(indices, tasks_path)
+    if not all(isinstance(t, str) for t in table.column("task").to_pylist()):
+        raise FormatError(f"{tasks_path}: every task must be a string")
+    if not isinstance(info, dict) or any(
+        info.get(key, getattr(index, key)) != getattr(index, key) for key in ("features", "fps")
+    ):
+        raise FormatError(
+            f"{join(path, INFO_FILE)}: its features or fps differ from {join(path, INDEX_FILE)}'s"
+        )
+    tasks = [""] * len(indices)
     for i, task in zip(indices, table.column("task").to_pylist(), strict=True):
         tasks[i] = task
     return DatasetMeta(info, index, read_json(STATS_FILE, False), tasks, manifest, root)

@@ -15,28 +15,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from lerobot_shards.items import ItemSpec
+from lerobot_shards.validate import value_kind
 
 Schema = dict[str, tuple[str, tuple[int, ...]]]
 """Item key to ``(dtype, shape)``; non-tensor values have dtype ``"str"`` or ``"object"``."""
-
-
-def _value_kind(feature: Mapping[str, Any], return_uint8: bool) -> tuple[str, tuple[int, ...]]:
-    dtype = str(feature.get("dtype"))
-    shape = tuple(int(n) for n in feature.get("shape", ()))
-    if dtype in ("video", "image"):
-        names = list(feature.get("names") or [])
-        channel = names.index("channels") if "channels" in names else len(shape) - 1
-        hw = tuple(n for i, n in enumerate(shape) if i != channel)
-        return ("uint8" if return_uint8 and dtype == "video" else "float32"), (shape[channel], *hw)
-    if dtype.startswith("float"):
-        kind = "float32"
-    elif dtype.startswith(("int", "uint")):
-        kind = "int64"
-    elif dtype == "bool":
-        kind = "bool"
-    else:
-        return ("str" if dtype == "string" else "object"), shape
-    return kind, (() if shape == (1,) else shape)
 
 
 def item_schema(features: Mapping[str, Mapping[str, Any]], spec: ItemSpec) -> Schema:
@@ -44,7 +26,7 @@ def item_schema(features: Mapping[str, Mapping[str, Any]], spec: ItemSpec) -> Sc
     ``spec`` (its item keys, after ``spec.key_map``)."""
     schema: Schema = {}
     for key, feature in features.items():
-        dtype, shape = _value_kind(feature, spec.return_uint8)
+        dtype, shape = value_kind(feature, spec.return_uint8)
         if key in spec.deltas:
             steps = len(spec.deltas[key])
             shape = (steps, *shape)

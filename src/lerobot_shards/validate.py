@@ -1,0 +1,307 @@
+"""Checks of everything a dataset's writer controls, before the reader or ``verify`` trusts it.
+
+A reader opens datasets it did not write (the Hub, a CDN, another lab's bucket). Every field of
+``index.json``, the manifest and each episode's header is checked here for its type and range,
+paths are confined to the dataset's root, and spans and sizes are bounded before anything is
+allocated: a dataset that lies gets a :class:`FormatError` naming the file (and the shard and
+episode), never a crash, a hang, an unbounded allocation or items that contradict the metadata.
+The reader and ``verify`` call the same checks, so they agree on what is broken.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from lerobot_shards.format import MANIFEST_SCHEMA, FormatError
+
+MAX_SIDE = 16384
+"""The largest frame width or height a header may declare (16K video)."""
+SHARD_PATH = r"^shards/([A-Za-z0-9_-][A-Za-z0-9._-]*/)*[A-Za-z0-9_-][A-Za-z0-9._-]*\.tar$"
+"""A shard path: relative, under ``shards/``, no ``..``, no scheme, no absolute path."""
+CHECKSUM = r"^sha256:[0-9a-f]{64}$"
+
+
+def integer(value: Any, where: str, name: str, minimum: int = 0, maximum: int | None = None) -> int:
+    """``value`` if it is an int (not a bool) in ``[minimum, maximum]``, else FormatError."""
+    if (
+        not isinstance(value, int)
+        or isinstance(value, bool)
+        or value < minimum
+        or (maximum is not None and value > maximum)
+    ):
+        bound = f"in {minimum}..{maximum}" if maximum is not None else f">= {minimum}"
+        raise FormatError(f"{where}: {name} must be an integer {bound}, got {value!r}")
+    return value
+
+
+def number(value: Any, where: str, name: str) -> float:
+    """``value`` if it is a positive finite int or float (not a bool), else FormatError."""
+    if (
+        not isinstance(value, int | float)
+        or isinstance(value, bool)
+        or not np.isfinite(value)
+        or value <= 0
+    ):
+        raise FormatError(f"{where}: {name} must be a positive number, got {value!r}")
+    return float(value)
+
+
+def text(value: Any, where: str, name: str) -> str:
+    if not isinstance(value, str):
+        raise FormatError(f"{where}: {name} must be a string, got {value!r}")
+    return value
+
+
+def texts(value: Any, where: str, name: str) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise FormatError(f"{where}: {name} must be a list of strings, got {value!r}")
+    return value
+
+
+def mapping(value: Any, where: str, name: str) -> dict:
+    if not isinstance(value, dict):
+        raise FormatError(f"{where}: {name} must be an object, got {type(value).__name__}")
+    return value
+
+
+def value_kind(feature: Mapping[str, Any], return_uint8: bool) -> tuple[str, tuple[int, ...]]:
+    """The dtype and per-item shape of a feature's values, by LeRobot's rules: a
+    feature of shape ``(1,)`` is a scalar, floats are float32 and integers int64, a camera's
+    ``(H, W, C)`` is a ``(C, H, W)`` frame (uint8 for a video with ``return_uint8``)."""
+    dtype = str(feature.get("dtype"))
+    shape = tuple(int(n) for n in feature.get("shape", ()))
+    if dtype in ("video", "image"):
+        names = list(feature.get("names") or [])
+        channel = names.index("channels") if "channels" in names else len(shape) - 1
+        hw = tuple(n for i, n in enumerate(shape) if i != channel)
+        return ("uint8" if return_uint8 and dtype == "video" else "float32"), (shape[channel], *hw)
+    if dtype.startswith("float"):
+        kind = "float32"
+    elif dtype.startswith(("int", "uint")):
+        kind = "int64"
+    elif dtype == "bool":
+        kind = "bool"
+    else:
+        return ("str" if dtype == "string" else "object"), shape
+    return kind, (() if shape == (1,) else shape)
+
+
+def frame_size(feature: Mapping) -> tuple[int, int]:
+    """(height, width) of a camera feature, by LeRobot's rule (:func:`value_kind`)."""
+    _, (_, height, width) = value_kind(feature, False)
+    return height, width
+
+
+def check_rows(
+    table: pa.Table, features: Mapping[str, Mapping], header: Any, num_tasks: int, where: str
+) -> None:
+    """An episode's rows hold every feature but the videos, each of its declared dtype and
+    shape, no empty values; their ``episode_index`` and ``index`` are the header's; every
+    ``task_index`` names one of the ``num_tasks`` tasks."""
+    nulls = [name for name in table.column_names if table.column(name).null_count]
+    if nulls:
+        raise FormatError(f"{where}: the rows' {nulls} have empty values")
+    kinds = {"float32": pa.types.is_floating, "int64": pa.types.is_integer,
+             "bool": pa.types.is_boolean}  # fmt: skip
+    for key, feature in features.items():
+        if feature.get("dtype") == "video":
+            continue
+        if key not in table.column_names:
+            raise FormatError(f"{where}: the rows lack the feature {key!r}")
+        kind, shape = value_kind(feature, False)
+        if kind not in kinds or feature.get("dtype") == "image":
+            continue
+        typ, got = table.schema.field(key).type, []
+        while pa.types.is_fixed_size_list(typ):
+            got.append(typ.list_size)
+            typ = typ.value_type
+        if not kinds[kind](typ) or tuple(got) != shape:
+            raise FormatError(
+                f"{where}: the rows' {key!r} is {table.schema.field(key).type} per row, the "
+                f"features say {kind} of shape {shape}"
+            )
+    expected = {
+        "episode_index": np.full(table.num_rows, header.episode_index),
+        "index": np.arange(header.dataset_from_index, header.dataset_to_index),
+    }
+    for key, want in expected.items():
+        got = table.column(key).to_numpy() if key in table.column_names else None
+        if got is None or got.shape != want.shape or not np.array_equal(got, want):
+            raise FormatError(f"{where}: the rows' {key!r} is not the header's")
+    tasks = table.column("task_index").to_numpy() if "task_index" in table.column_names else None
+    if tasks is None or tasks.ndim != 1 or tasks.min() < 0 or tasks.max() >= num_tasks:
+        raise FormatError(f"{where}: a task_index is not one of the {num_tasks} tasks")
+
+
+def check_camera(camera: Any, feature: Mapping, length: int, key: str, where: str) -> None:
+    """A header's camera holds the episode's frames (plus those it drops) at the features'
+    frame size."""
+    if camera.frames != length + camera.skip_frames + camera.tail_frames:
+        raise FormatError(
+            f"{where}: camera {key}: the header says {camera.frames} frames, not "
+            f"{length} + {camera.skip_frames} skipped + {camera.tail_frames} after"
+        )
+    height, width = frame_size(feature)
+    if (camera.height, camera.width) != (height, width):
+        raise FormatError(
+            f"{where}: camera {key}: the header says {camera.height}x{camera.width}, "
+            f"the features {height}x{width}"
+        )
+
+
+def check_features(features: Any, where: str) -> dict[str, dict]:
+    """``features`` as ``info.json`` has them: each a dtype and a shape of positive ints."""
+    for key, feature in mapping(features, where, "features").items():
+        feature = mapping(feature, where, f"feature {key!r}")
+        text(feature.get("dtype"), where, f"feature {key!r} dtype")
+        shape = feature.get("shape")
+        if not isinstance(shape, list | tuple) or not shape:
+            raise FormatError(f"{where}: feature {key!r} shape must be a list, got {shape!r}")
+        for n in shape:
+            integer(n, where, f"feature {key!r} shape", minimum=1, maximum=2**31)
+        if feature["dtype"] in ("video", "image") and len(shape) != 3:
+            raise FormatError(f"{where}: camera {key!r} shape must be 3 numbers, got {shape!r}")
+    return features
+
+
+def check_camera_keys(
+    features: Mapping[str, Mapping], camera_keys: list[str], video_keys: list[str], where: str
+) -> None:
+    """The index's camera and video keys are exactly the features' images and videos."""
+    videos = [k for k, f in features.items() if f.get("dtype") == "video"]
+    images = [k for k, f in features.items() if f.get("dtype") == "image"]
+    if sorted(video_keys) != sorted(videos):
+        raise FormatError(f"{where}: video_keys {video_keys} but the video features are {videos}")
+    if sorted(camera_keys) != sorted(videos + images):
+        raise FormatError(
+            f"{where}: camera_keys {camera_keys} but the image and video features are "
+            f"{videos + images}"
+        )
+
+
+def check_manifest(table: pa.Table, where: str) -> pa.Table:
+    """The manifest with its columns' types, sorted unique episodes, lengths that match their
+    index ranges, spans and members that fit, shard paths confined to the root, checksums
+    that are checksums; columnar, so a million rows check in well under a second."""
+    try:
+        table = table.select(MANIFEST_SCHEMA.names).cast(MANIFEST_SCHEMA)
+    except (pa.ArrowException, KeyError, ValueError) as exc:
+        raise FormatError(f"{where}: manifest columns have the wrong types: {exc}") from exc
+    for name in MANIFEST_SCHEMA.names:
+        if table.column(name).null_count:
+            raise FormatError(f"{where}: manifest column {name!r} has empty values")
+    episodes = table.column("episode_index").to_numpy()
+    lengths = table.column("length").to_numpy()
+    starts = table.column("dataset_from_index").to_numpy()
+    stops = table.column("dataset_to_index").to_numpy()
+    offsets = table.column("offset").to_numpy()
+    sizes = table.column("size").to_numpy()
+
+    def refuse(bad: np.ndarray, problem: str) -> None:
+        if bad.any():
+            row = int(np.flatnonzero(bad)[0])
+            raise FormatError(f"{where}: episode {int(episodes[row])} (row {row}): {problem}")
+
+    refuse(episodes < 0, "negative episode_index")
+    refuse(np.append(False, np.diff(episodes) <= 0), "episodes are not sorted and unique")
+    refuse(lengths < 1, "length must be at least 1")
+    refuse((starts < 0) | (stops - starts != lengths), "dataset_to_index - from_index != length")
+    refuse((offsets < 0) | (sizes < 1), "negative offset or empty span")
+    shards = table.column("shard")
+    refuse(~pc.match_substring_regex(shards, SHARD_PATH).to_numpy(zero_copy_only=False),
+           "shard path is not a relative path under shards/")  # fmt: skip
+    refuse(~pc.match_substring_regex(table.column("checksum"), CHECKSUM).to_numpy(
+        zero_copy_only=False), "checksum is not sha256:<64 hex digits>")  # fmt: skip
+    members = table.column("members").combine_chunks()
+    owner = pc.list_parent_indices(members).to_numpy()
+    flat = members.flatten()
+    if flat.null_count or any(flat.field(f).null_count for f in ("name", "offset", "size")):
+        raise FormatError(f"{where}: manifest column 'members' has empty values")
+    m_offsets = flat.field("offset").to_numpy(zero_copy_only=False)
+    m_sizes = flat.field("size").to_numpy(zero_copy_only=False)
+    outside = (m_offsets < offsets[owner]) | (m_sizes < 0)
+    outside |= m_offsets + m_sizes > offsets[owner] + sizes[owner]
+    bad_rows = np.zeros(len(episodes), dtype=bool)
+    bad_rows[owner[outside]] = True
+    refuse(bad_rows, "a member lies outside the episode's span")
+    return table
+
+
+def check_totals(index: Any, manifest: pa.Table, where: str) -> None:
+    """``index.json``'s totals are the manifest's: no episode dropped or added."""
+    totals = {
+        "total_episodes": manifest.num_rows,
+        "total_frames": int(pc.sum(manifest.column("length")).as_py() or 0),
+        "total_bytes": int(pc.sum(manifest.column("size")).as_py() or 0),
+    }
+    for name, value in totals.items():
+        if getattr(index, name) != value:
+            raise FormatError(
+                f"{where}: index.json {name}={getattr(index, name)}, manifest: {value}"
+            )
+
+
+def check_tasks(indices: list[Any], where: str) -> None:
+    """``meta/tasks.parquet``'s task_index: exactly 0..n-1 (any order)."""
+    if sorted(indices) != list(range(len(indices))):
+        raise FormatError(f"{where}: task_index must be 0..{len(indices) - 1}, each once")
+
+
+def check_header_camera(raw: Any, where: str) -> dict[str, Any]:
+    """One camera of an episode header, every field typed and in range."""
+    raw = mapping(raw, where, "camera")
+    return {
+        **raw,
+        "codec": text(raw.get("codec"), where, "codec"),
+        "width": integer(raw.get("width"), where, "width", 1, MAX_SIDE),
+        "height": integer(raw.get("height"), where, "height", 1, MAX_SIDE),
+        "pix_fmt": text(raw.get("pix_fmt"), where, "pix_fmt"),
+        "fps": number(raw.get("fps"), where, "fps"),
+        "frames": integer(raw.get("frames"), where, "frames", 1),
+        "skip_frames": integer(raw.get("skip_frames", 0), where, "skip_frames"),
+        "tail_frames": integer(raw.get("tail_frames", 0), where, "tail_frames"),
+    }
+
+
+def check_header(raw: Any, where: str) -> dict[str, Any]:
+    """An episode header's fields typed and in range (cameras: :func:`check_header_camera`)."""
+    raw = mapping(raw, where, "header")
+    length = integer(raw.get("length"), where, "length", 1)
+    start = integer(raw.get("dataset_from_index"), where, "dataset_from_index")
+    stop = integer(raw.get("dataset_to_index"), where, "dataset_to_index")
+    if stop - start != length:
+        raise FormatError(f"{where}: dataset_to_index - dataset_from_index != length")
+    cameras = mapping(raw.get("cameras", {}), where, "cameras")
+    return {
+        **raw,
+        "episode_index": integer(raw.get("episode_index"), where, "episode_index"),
+        "tasks": texts(raw.get("tasks"), where, "tasks"),
+        "cameras": {
+            text(key, where, "camera key"): check_header_camera(cam, f"{where} camera {key}")
+            for key, cam in cameras.items()
+        },
+    }
+
+
+def check_tar_member(data: memoryview | bytes, offset: int, size: int, name: str, where: str):
+    """The tar header before a member's data (offset within ``data``) names it (when the name
+    fits the header's 100 bytes; a longer one is in a PAX header before it) and gives the size
+    the manifest gives; a manifest that says otherwise is refused."""
+    if offset < 512:
+        raise FormatError(f"{where}: member {name!r} has no tar header before it")
+    block = bytes(data[offset - 512 : offset])
+    stored = block[:100].rstrip(b"\0").decode("utf-8", "replace")
+    if len(name.encode()) < 100 and stored != name:
+        raise FormatError(f"{where}: the tar holds {stored!r} where the manifest says {name!r}")
+    field = block[124:136].rstrip(b"\0 ").decode("ascii", "replace")
+    if not re.fullmatch(r"[0-7]+", field) or int(field, 8) != size:
+        raise FormatError(
+            f"{where}: member {name!r} is {field!r} (octal) bytes in the tar, "
+            f"{size} in the manifest"
+        )
