@@ -95,9 +95,7 @@ class EpisodeColumns:
     images: dict[str, list]
     others: dict[str, list]
     length: int
-
     image_sizes: dict[str, tuple[int, int]] = field(default_factory=dict)
-
     """Per image feature, its (height, width): a decoded image of another size is refused
     (shards; a LeRobot source leaves it empty)."""
 

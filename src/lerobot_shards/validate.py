@@ -289,7 +289,9 @@ def check_header(raw: Any, where: str) -> dict[str, Any]:
     }
 
 
-def check_tar_member(data: memoryview | bytes, offset: int, size: int, name: str, where: str):
+def check_tar_member(
+    data: memoryview | bytes, offset: int, size: int, name: str, where: str
+) -> None:
     """The tar header before a member's data (offset within ``data``) names it (when the name
     fits the header's 100 bytes; a longer one is in a PAX header before it) and gives the size
     the manifest gives; a manifest that says otherwise is refused."""
