@@ -187,8 +187,6 @@ def retry_transient(
     while True:
         try:
             return call()
-        except (RangeIgnoredError, SpanError):
-            raise
         except Exception as exc:
             if not is_transient(exc):
                 raise
