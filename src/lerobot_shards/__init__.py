@@ -8,6 +8,8 @@ _LAZY = {
     "DatasetRoot": "lerobot_shards.reader.catalog",
     "ShardedDataLoader": "lerobot_shards.reader.loader",
     "collate": "lerobot_shards.reader.collate",
+    "to_device": "lerobot_shards.reader.device_feed",
+    "DeviceFeed": "lerobot_shards.reader.device_feed",
     "SmallPoolWarning": "lerobot_shards.reader.pool_budget",
     "UncheckedStateWarning": "lerobot_shards.reader.state",
 }

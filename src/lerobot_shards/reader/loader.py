@@ -43,13 +43,18 @@ class ShardedDataLoader(DataLoader):
         self._delivered = 0
 
     def __iter__(self) -> Iterator[Any]:
+        # Not a generator: the workers start and the epoch is recorded here, in the caller's
+        # thread, so a state taken before the first batch already counts from this epoch.
         self._delivered = 0
         batches = super().__iter__()  # workers start here, from the dataset's next position
         if self.num_workers > 0:  # the workers iterate: the dataset records where they began
             self.dataset.begin_epoch()
+        return self._counted(batches)
+
+    def _counted(self, batches: Iterator[Any]) -> Iterator[Any]:
         try:
             for batch in batches:
-                self._delivered += _batch_length(batch)
+                self._delivered += batch_length(batch)
                 yield batch
         except Exception:
             # Why: when an epoch fails (a worker killed, say), the exception's traceback holds
@@ -63,9 +68,12 @@ class ShardedDataLoader(DataLoader):
                 self._iterator = None
             raise
 
-    def state_dict(self) -> dict[str, Any]:
-        """The exact position after the batches delivered so far (``reader/state.py``)."""
-        return self.dataset.state_dict(num_samples=self._delivered, batch_size=self.batch_size)
+    def state_dict(self, num_samples: int | None = None) -> dict[str, Any]:
+        """The exact position after the batches delivered so far (``reader/state.py``), or,
+        with ``num_samples``, after that many of this epoch's samples: what a prefetcher that
+        holds delivered batches the loop has not taken yet passes (``device_feed.py``)."""
+        taken = self._delivered if num_samples is None else num_samples
+        return self.dataset.state_dict(num_samples=taken, batch_size=self.batch_size)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Make the next ``iter(loader)`` deliver exactly what followed ``state``."""
@@ -78,7 +86,7 @@ class ShardedDataLoader(DataLoader):
         self._delivered = 0
 
 
-def _batch_length(batch: Any) -> int:
+def batch_length(batch: Any) -> int:
     """Samples in a collated batch: the length of its first batched tensor."""
     values = batch.values() if isinstance(batch, Mapping) else batch
     if isinstance(values, torch.Tensor) and values.dim() > 0:

@@ -9,7 +9,7 @@
    (``IterableDatasetShard``). The reader already gives each rank its own part of every epoch,
    all parts of one length, so the prepared loader is a ``ShardedDataLoader`` with the settings
    of the DataLoader LeRobot built (workers, batch size, collate, pin_memory, prefetch), its
-   batches moved to the device as accelerate moves them.
+   batches moved to the device by a ``DeviceFeed`` (the next one copied while a step runs).
 3. Its ``save_checkpoint`` also writes the data position beside the training state
    (``training_state/lerobot_shards.json``, with the shards it read), and ``--resume=true``
    loads it into the new loader: the data continues exactly where it stopped, under the same or
@@ -31,10 +31,10 @@ from unittest import mock
 
 import accelerate
 import torch
-from accelerate.utils import send_to_device
 from lerobot.utils.constants import TRAINING_STATE_DIR
 
 from lerobot_shards.reader.dataset import ShardedLeRobotDataset
+from lerobot_shards.reader.device_feed import DeviceFeed
 from lerobot_shards.reader.loader import ShardedDataLoader
 from lerobot_shards.train.arguments import RefusedArgument, lerobot_arguments
 from lerobot_shards.train.datasets import Shards, make_datasets
@@ -50,7 +50,7 @@ class TrainRun:
     def __init__(self, shards: Shards | None) -> None:
         self.shards = shards
         self.train_dataset: ShardedLeRobotDataset | None = None
-        self.train_loader: ShardedDataLoader | None = None
+        self.train_feed: DeviceFeed | None = None
         self.resume_state: dict | None = None
 
     def make_train_eval_datasets(self, cfg: Any) -> tuple[Any, Any]:
@@ -70,26 +70,28 @@ class TrainRun:
         data_loader: torch.utils.data.DataLoader,
         device: torch.device | None,
         non_blocking: bool,
-    ) -> DeviceLoader:
+    ) -> DeviceFeed:
         """What ``accelerator.prepare`` returns for a reader's DataLoader: the same settings in
-        a ``ShardedDataLoader`` (the train one resumed where the checkpoint stopped)."""
+        a ``ShardedDataLoader`` (the train one resumed where the checkpoint stopped), its
+        batches on ``device`` (None: the CPU), each copied while the step before runs."""
         loader = ShardedDataLoader(data_loader.dataset, **loader_settings(data_loader))
+        feed = DeviceFeed(loader, device or "cpu", non_blocking=non_blocking)
         if data_loader.dataset is self.train_dataset:
             if self.resume_state is not None:
-                loader.load_state_dict(self.resume_state)
-            self.train_loader = loader
-        return DeviceLoader(loader, device, non_blocking)
+                feed.load_state_dict(self.resume_state)
+            self.train_feed = feed
+        return feed
 
     def save_checkpoint(self, save: Callable[..., None], **kwargs: Any) -> None:
         """LeRobot's ``save_checkpoint``, then the data position beside its training state
         (before LeRobot points ``last`` at the checkpoint, so ``last`` always has both)."""
         save(**kwargs)
-        if self.train_loader is None or self.shards is None:
+        if self.train_feed is None or self.shards is None:
             raise RuntimeError("a checkpoint before the train loader was prepared")
         state = {
             "step": kwargs["step"],
             "shards": asdict(self.shards),
-            "data": self.train_loader.state_dict(),
+            "data": self.train_feed.state_dict(),  # batches in flight left out
         }
         folder = Path(kwargs["checkpoint_dir"]) / TRAINING_STATE_DIR
         folder.mkdir(parents=True, exist_ok=True)
@@ -126,25 +128,6 @@ def loader_settings(data_loader: torch.utils.data.DataLoader) -> dict[str, Any]:
         settings["persistent_workers"] = data_loader.persistent_workers
         settings["multiprocessing_context"] = data_loader.multiprocessing_context
     return settings
-
-
-class DeviceLoader:
-    """A loader's batches on the accelerator's device, as accelerate's prepared loaders give
-    them (``device`` None: where the loader leaves them)."""
-
-    def __init__(self, loader: ShardedDataLoader, device: torch.device | None, non_blocking: bool):
-        self.loader = loader
-        self.device = device
-        self.non_blocking = non_blocking
-
-    def __iter__(self) -> Iterator[Any]:
-        for batch in self.loader:
-            if self.device is not None:
-                batch = send_to_device(batch, self.device, non_blocking=self.non_blocking)
-            yield batch
-
-    def __len__(self) -> int:
-        return len(self.loader)
 
 
 def accelerator_for(run: TrainRun) -> type[accelerate.Accelerator]:

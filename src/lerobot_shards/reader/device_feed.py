@@ -1,0 +1,177 @@
+"""Batches on the training device, the next one already on its way while a step runs.
+
+Why. A training loop that does ``batch.to("cuda")`` itself copies each batch while the GPU
+waits: the copy is not overlapped with the step, and the process that launches the GPU's work
+also receives the batches from the DataLoader workers. :class:`DeviceFeed` receives host
+batches on a thread of its own (up to ``depth`` ahead) and, before handing batch ``i`` to the
+loop, starts copying batch ``i + 1`` on a side CUDA stream, so the copy runs under step ``i``.
+Tensors go over the bus as the loader made them (uint8 frames stay uint8: a quarter of the
+bytes of float32); the loop converts them on the device.
+
+Resume stays exact: ``state_dict()`` is the loader's position minus the samples received but
+not yet handed to the loop, so a checkpoint taken with batches in flight resumes at the first
+batch the loop has not seen.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+from collections import deque
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+
+from lerobot_shards.reader.loader import ShardedDataLoader, batch_length
+
+_END = object()
+
+
+class DeviceFeed:
+    """``loader``'s batches on ``device``, one copied ahead under the loop's step (on CUDA, on a
+    side stream), with the loader's ``state_dict``/``load_state_dict`` made exact for what the
+    loop consumed. Iterate it once per epoch, as the loader."""
+
+    def __init__(
+        self,
+        loader: ShardedDataLoader,
+        device: str | torch.device,
+        *,
+        depth: int = 2,
+        non_blocking: bool = True,
+    ) -> None:
+        if depth < 1:
+            raise ValueError(f"depth must be at least 1, got {depth}")
+        self.loader = loader
+        self.device = torch.device(device)
+        self.depth = depth
+        self.non_blocking = non_blocking
+        self._consumed = 0  # samples of this epoch handed to the loop
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator[Any]:
+        # Not a generator: the loader's epoch begins here, in the caller's thread, so a state
+        # taken before the first batch already counts from this epoch.
+        self._consumed = 0
+        batches = iter(self.loader)
+        received: queue.Queue = queue.Queue(self.depth)
+        stop = threading.Event()
+        thread = threading.Thread(
+            target=_receive,
+            args=(batches, received, stop),
+            name="lerobot-shards-feed",
+            daemon=True,
+        )
+        thread.start()
+        return self._handed(received, stop, thread)
+
+    def _handed(
+        self, received: queue.Queue, stop: threading.Event, thread: threading.Thread
+    ) -> Iterator[Any]:
+        cuda = self.device.type == "cuda"
+        side = torch.cuda.Stream(self.device) if cuda else None
+        launched: deque[tuple[Any, Any, int]] = deque()  # (on device, copy done event, samples)
+
+        def launch(block: bool) -> bool:
+            """Start copying the next received batch; False at the end (or, not blocking, when
+            none has arrived yet)."""
+            try:
+                host = received.get(block=block)
+            except queue.Empty:
+                return False
+            if host is _END:
+                received.put(_END)  # seen again by the next call
+                return False
+            if isinstance(host, BaseException):
+                raise host
+            batch, samples = host
+            if side is None:
+                launched.append((_to(batch, self.device, False), None, samples))
+                return True
+            with torch.cuda.stream(side):
+                moved = _to(batch, self.device, self.non_blocking)
+                done = torch.cuda.Event()
+                done.record(side)
+            launched.append((moved, done, samples))
+            return True
+
+        try:
+            while launched or launch(block=True):
+                batch, done, samples = launched.popleft()
+                if done is not None:
+                    current = torch.cuda.current_stream(self.device)
+                    current.wait_event(done)
+                    _record_stream(batch, current)
+                if not launched:
+                    launch(block=False)  # batch i+1 copies while step i runs
+                self._consumed += samples
+                yield batch
+        finally:
+            stop.set()
+            while thread.is_alive():  # make room for a receiver waiting to put, then let it end
+                with contextlib.suppress(queue.Empty):
+                    received.get(timeout=0.05)
+            thread.join()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The exact position after the batches handed to the loop (those in flight left out:
+        a resume delivers them again)."""
+        return self.loader.state_dict(num_samples=self._consumed)
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Make the next ``iter(feed)`` deliver exactly what followed ``state``."""
+        self.loader.load_state_dict(state)
+        self._consumed = 0
+
+
+def _receive(batches: Iterator[Any], received: queue.Queue, stop: threading.Event) -> None:
+    """Thread: take the loader's batches as they come (the DataLoader's iterator runs here)."""
+    try:
+        for batch in batches:
+            received.put((batch, batch_length(batch)))
+            if stop.is_set():
+                break
+    except BaseException as exc:  # handed to the loop, which raises it
+        received.put(exc)
+        return
+    received.put(_END)
+
+
+def to_device(
+    loader: ShardedDataLoader,
+    device: str | torch.device,
+    *,
+    depth: int = 2,
+    non_blocking: bool = True,
+) -> DeviceFeed:
+    """``loader``'s batches on ``device``, each copied while the loop works on the one before
+    (a :class:`DeviceFeed`; checkpoint it with ``feed.state_dict()``)."""
+    return DeviceFeed(loader, device, depth=depth, non_blocking=non_blocking)
+
+
+def _to(value: Any, device: torch.device, non_blocking: bool) -> Any:
+    """``value`` with every tensor in it on ``device`` (dicts, lists and tuples walked)."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device, non_blocking=non_blocking)
+    if isinstance(value, Mapping):
+        return type(value)({k: _to(v, device, non_blocking) for k, v in value.items()})
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to(v, device, non_blocking) for v in value)
+    return value
+
+
+def _record_stream(value: Any, stream: torch.cuda.Stream) -> None:
+    """Tell the caching allocator that ``stream`` uses the tensors copied on the side stream,
+    so their memory is not reused before the loop's work on them is done."""
+    if isinstance(value, torch.Tensor):
+        value.record_stream(stream)
+    elif isinstance(value, Mapping):
+        for v in value.values():
+            _record_stream(v, stream)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _record_stream(v, stream)
