@@ -216,7 +216,7 @@ def test_prefetch_order_values_and_budget():
 
     budget = 2 * 17 + 16  # two residents and one more in flight at most
     prefetcher = Prefetcher(load, sizes.__getitem__, byte_budget=budget, depth=3, threads=2)
-    out = list(prefetcher.run(plan, _role))
+    out = [(e, None if v is None else v.result()) for e, v in prefetcher.run(plan, _role)]
     assert [e for e, _ in out] == plan
     assert [v for e, v in out if e.kind == ADMIT] == [f"episode {k}" for k in range(8)]
     assert all(v is None for e, v in out if e.kind != ADMIT)
@@ -230,7 +230,9 @@ def test_prefetch_runs_ahead_of_admission():
     plan = _plan(list(range(6)), draws_between=5)
     prefetcher = Prefetcher(started.append, lambda k: 1, depth=2, threads=1)
     in_flight_at = []
-    for event, _ in prefetcher.run(plan, _role):
+    for event, loading in prefetcher.run(plan, _role):
+        if loading is not None:
+            loading.result()  # as the stream does before drawing from it
         in_flight_at.append(prefetcher.in_flight_bytes)
         if event == Ev(ADMIT, 1):
             # Admissions 2 and 3 are five draws and an eviction away, and already loading.
@@ -240,7 +242,7 @@ def test_prefetch_runs_ahead_of_admission():
     assert prefetcher.peak_bytes == 4  # two resident plus two prefetched
 
 
-def test_prefetch_error_surfaces_at_its_admission_and_stops_the_pool():
+def test_prefetch_error_surfaces_where_its_load_is_awaited_and_stops_the_pool():
     def load(key: int) -> int:
         if key == 3:
             raise ChecksumError("shard-3 (episode 3): checksum mismatch")
@@ -251,7 +253,7 @@ def test_prefetch_error_surfaces_at_its_admission_and_stops_the_pool():
     with pytest.raises(ChecksumError, match=r"episode 3"):
         for event, value in prefetcher.run(_plan(list(range(6))), _role):
             if event.kind == ADMIT:
-                admitted.append(value)
+                admitted.append(value.result())
     assert admitted == [0, 1, 2]
     assert not [t for t in threading.enumerate() if t.name.startswith("lerobot-shards-fetch")]
 

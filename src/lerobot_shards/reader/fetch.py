@@ -257,10 +257,13 @@ class Prefetcher(Generic[K, V]):
 
     def run(
         self, events: Iterable[E], role: Callable[[E], tuple[str | None, K]]
-    ) -> Iterator[tuple[E, V | None]]:
-        """Yield ``(event, loaded value if it is an admission else None)`` in plan order.
+    ) -> Iterator[tuple[E, Future[V] | None]]:
+        """Yield ``(event, the load's Future if it is an admission else None)`` in plan order.
 
         ``role(event)`` is ``(ADMIT, key)``, ``(EVICT, key)`` or ``(None, key)`` for a draw.
+        An admission is yielded as soon as its load has started, not when it is done: the
+        consumer waits for a piece only when it first needs it, so draws from pieces already
+        loaded go on while the rest of a filling pool loads.
         """
         pool = ThreadPoolExecutor(self._threads, thread_name_prefix="lerobot-shards-fetch")
         window: deque[tuple[E, str | None, K]] = deque()
@@ -287,7 +290,7 @@ class Prefetcher(Generic[K, V]):
                     upcoming.popleft()
                     future = self._admit(pool, key)
                     self._schedule(pool, upcoming)  # the next ones load while this one finishes
-                    yield event, future.result()
+                    yield event, future
                 else:
                     if kind == EVICT:
                         self.resident_bytes -= self._size(key)

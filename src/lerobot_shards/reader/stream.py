@@ -7,13 +7,15 @@ are drawn soon; admissions are fetched, verified and demuxed ahead in a small th
 threads, ``decode_ahead`` draws ahead, when there are cores to spare) through the episode's
 cameras and the shared :class:`FrameCache`, and builds the item as LeRobot does
 (``episode.Episode.item``), in a DataLoader worker straight into the next batch's shared slots.
+A draw waits only for its own episode's fetch: while a pool fills (the first one, or the next
+epoch's), draws from the episodes already loaded go on.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -121,9 +123,21 @@ def stream_part(
     decoder = ThreadPoolExecutor(threads, "lerobot-shards-decode") if threads else None
     pool = transfer.worker_pool() if options.shared_batches else None
     arena = pool.arena if pool is not None else None
+    loading: dict[tuple[int, int], Future] = {}  # admitted, not yet needed
     resident: dict[tuple[int, int], tuple[Episode, Member]] = {}
     fetched = 0
     drawn = 0
+
+    def ready(key: tuple[int, int]) -> tuple[Episode, Member]:
+        """The admitted piece ``key``, waiting for its load only now that a draw needs it."""
+        nonlocal fetched
+        loaded = resident.get(key)
+        if loaded is None:
+            loaded = resident[key] = loading.pop(key).result()
+            loaded[0].attach(cache, key)
+            fetched += loaded[0].fetched
+        return loaded
+
     planned = read_ahead(events(), _draw_count, options.frame_lookahead)
     try:
         for (epoch, event), value in prefetcher.run(planned, classify):
@@ -135,7 +149,7 @@ def stream_part(
                         del parts_of[old]
                 current = parts_of[epoch]
                 run = [
-                    (resident[(epoch, piece)], current.position(piece, frame))
+                    ((epoch, piece), current.position(piece, frame))
                     for piece, frame in zip(
                         event.pieces.tolist(), event.frames.tolist(), strict=True
                     )
@@ -143,13 +157,16 @@ def stream_part(
                 # A run ends before the next eviction, so every episode it draws from is
                 # resident until it ends: decoding ahead within it never outlives a piece.
                 ahead = 0
-                for n, ((episode, member), position) in enumerate(run):
+                for n, (key, position) in enumerate(run):
                     cache.now = drawn
                     if decoder is not None:
                         while ahead < len(run) and ahead <= n + options.decode_ahead:
-                            (early, owner), at = run[ahead]
-                            early.schedule(at, owner.spec, decoder)
+                            early, at = run[ahead]
+                            if early in resident or loading[early].done():  # never wait here
+                                episode, owner = ready(early)
+                                episode.schedule(at, owner.spec, decoder)
                             ahead += 1
+                    episode, member = ready(key)
                     slots = arena.slots() if arena is not None else None
                     item = episode.item(position, member.spec, member.meta.task_names, slots)
                     drawn += 1
@@ -159,13 +176,13 @@ def stream_part(
                     cursor.stream_offset += 1
                     yield item
             elif kind is Admit:
-                value[0].attach(cache, (epoch, event.piece))
-                resident[(epoch, event.piece)] = value
-                fetched += value[0].fetched
+                loading[(epoch, event.piece)] = value
                 stats["peak_budget_bytes"] = max(stats["peak_budget_bytes"], prefetcher.peak_bytes)
             else:
-                fetched -= resident.pop((epoch, event.piece))[0].fetched
-                cache.forget((epoch, event.piece))
+                key = (epoch, event.piece)
+                fetched -= ready(key)[0].fetched
+                del resident[key]
+                cache.forget(key)
     finally:
         if decoder is not None:
             decoder.shutdown(wait=True, cancel_futures=True)
