@@ -154,3 +154,22 @@ def test_registered_uses_cost_little_memory():
     cache.take(keys[5])
     assert cache.next_use(keys[5]) is None
     assert cache.next_use(keys[400]) == 133
+
+
+def test_read_ahead_window_starts_short_and_grows_by_what_went_out():
+    """With ``first``, the first event goes out after ``first`` draws were read past it, and the
+    window grows by the draws passed on, up to ``window``."""
+    counts = [1] * 100
+    read: list[int] = []
+
+    def source():
+        for n, count in enumerate(counts):
+            read.append(n)
+            yield (n, count)
+
+    out = read_ahead(source(), lambda e: e[1], window=20, first=4)
+    lead = []
+    for event in out:
+        lead.append(len(read) - 1 - event[0])  # draws read past the event passed on
+    assert lead[0] == 4
+    assert lead[:17] == list(range(4, 21)) and set(lead[16:80]) == {20}

@@ -14,7 +14,7 @@ epoch's), draws from the episodes already loaded go on.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +30,10 @@ from lerobot_shards.reader.fetch import ADMIT, EVICT, Prefetcher
 from lerobot_shards.reader.frame_cache import FrameCache, read_ahead
 from lerobot_shards.reader.plan import Admit, Draws, Evict
 from lerobot_shards.reader.state import Cursor
+
+FIRST_LOOKAHEAD = 256
+"""Draws registered with the frame cache before the first item; the look-ahead then grows to
+``frame_lookahead`` as items go out (``frame_cache.read_ahead``)."""
 
 
 @dataclass(frozen=True)
@@ -86,7 +90,7 @@ def stream_part(
             parts_of[current.epoch] = current
             lengths = catalog.lengths_of(current.episodes)
             specs = [catalog.locate(e)[0].spec for e in current.episodes.tolist()]
-            for event in current.plan(ordering, catalog.cost, start):
+            for event in fetch_order(current.plan(ordering, catalog.cost, start)):
                 if type(event) is Draws:
                     registered = expect_frames(cache, registered, current, lengths, event, specs)
                 yield current.epoch, event
@@ -138,7 +142,7 @@ def stream_part(
             fetched += loaded[0].fetched
         return loaded
 
-    planned = read_ahead(events(), _draw_count, options.frame_lookahead)
+    planned = read_ahead(events(), _draw_count, options.frame_lookahead, FIRST_LOOKAHEAD)
     try:
         for (epoch, event), value in prefetcher.run(planned, classify):
             kind = type(event)
@@ -189,6 +193,42 @@ def stream_part(
         stats["peak_budget_bytes"] = max(stats["peak_budget_bytes"], prefetcher.peak_bytes)
         stats["peak_frame_cache_bytes"] = max(stats["peak_frame_cache_bytes"], cache.peak_bytes)
         stats["frames_from_cache"] += cache.decodes_saved
+
+
+def fetch_order(events: Iterable[Any], horizon: int = 1024) -> Iterator[Any]:
+    """A plan's events with each run of consecutive admissions reordered so that the episodes
+    drawn first are fetched first (the draws that follow the run, up to ``horizon`` of them or
+    the next eviction, say which). A filling pool then gives its first items after a few
+    fetches, not after whichever episode of the pool comes last. Draws keep their order."""
+    admits: list[Admit] = []
+    held: list[Draws] = []
+    drawn = 0
+    for event in events:
+        kind = type(event)
+        if admits and kind is Draws and drawn < horizon:
+            held.append(event)
+            drawn += len(event.pieces)
+            continue
+        if kind is Admit and not held:
+            admits.append(event)
+            continue
+        yield from _by_first_draw(admits, held)
+        yield from held
+        admits, held, drawn = [], [], 0
+        if kind is Admit:
+            admits.append(event)
+        else:
+            yield event
+    yield from _by_first_draw(admits, held)
+    yield from held
+
+
+def _by_first_draw(admits: list[Admit], draws: list[Draws]) -> list[Admit]:
+    first: dict[int, int] = {}
+    for run in draws:
+        for piece in run.pieces.tolist():
+            first.setdefault(piece, len(first))
+    return sorted(admits, key=lambda a: first.get(a.piece, len(first)))
 
 
 def expect_frames(
