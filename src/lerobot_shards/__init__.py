@@ -10,6 +10,7 @@ _LAZY = {
     "collate": "lerobot_shards.reader.collate",
     "to_device": "lerobot_shards.reader.device_feed",
     "DeviceFeed": "lerobot_shards.reader.device_feed",
+    "suggested_workers": "lerobot_shards.reader.cpu",
     "SmallPoolWarning": "lerobot_shards.reader.pool_budget",
     "UncheckedStateWarning": "lerobot_shards.reader.state",
 }

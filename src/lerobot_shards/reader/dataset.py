@@ -87,11 +87,12 @@ class ShardedLeRobotDataset(IterableDataset):
 
     ``decode_threads``: threads per iterating process that decode the GOPs of the next
     ``decode_ahead`` draws while items are built (FFmpeg runs without the GIL, so they use
-    several cores). Default: the usable cores shared out over the rank's DataLoader workers,
-    none when there are no more cores than workers (all of them with ``num_workers=0``; with
-    ``lerobot_shards.collate``, one worker per core measured fastest). ``0`` decodes each GOP
-    when its first frame is drawn, in the iterating thread. The torchcodec backend always
-    decodes that way.
+    several cores). Default: the physical cores (``reader/cpu.py``: hardware threads of one
+    core count once) shared out over the rank's DataLoader workers, none when there are no more
+    cores than workers (all of them with ``num_workers=0``; with ``lerobot_shards.collate``, one
+    worker per core measured fastest: ``lerobot_shards.suggested_workers()``). ``0`` decodes
+    each GOP when its first frame is drawn, in the iterating thread. The torchcodec backend
+    always decodes that way.
 
     Epochs, ``state_dict``/``load_state_dict`` and the state format: ``reader/state.py``.
 

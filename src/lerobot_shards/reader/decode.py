@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from lerobot_shards.format import FormatError
+from lerobot_shards.reader.mapped import release
 from lerobot_shards.reader.rgb24 import to_rgb24
 
 BACKENDS = ("pyav", "torchcodec")
@@ -192,6 +193,8 @@ class Video:
             raise DecodeError(f"{self.where}: video does not decode: {exc}") from exc
         finally:
             context.flush_buffers()
+            spans = self._spans[first:stop]  # the packets were copied: give their pages back
+            release(self.data, min(o for o, _ in spans), max(o + n for o, n in spans))
         if len(frames) != len(wanted):
             missing = sorted(wanted - frames.keys())
             raise DecodeError(

@@ -33,6 +33,7 @@ from lerobot_shards.items import EpisodeColumns, ItemSpec
 from lerobot_shards.reader.collate import typed_item
 from lerobot_shards.reader.decode import Video
 from lerobot_shards.reader.frame_cache import FrameCache, Key, Pending
+from lerobot_shards.reader.mapped import release
 from lerobot_shards.reader.rgb24 import to_rgb24, write_rgb24
 from lerobot_shards.validate import check_camera, check_rows, check_tar_member, frame_size
 
@@ -192,7 +193,7 @@ class Episode:
 
 
 def load_episode(
-    data: bytes,
+    data: bytes | memoryview,
     members: Mapping[str, tuple[int, int]],
     *,
     episode_index: int,
@@ -258,4 +259,5 @@ def load_episode(
             where=f"{where} camera {key}",
         )
         cameras[key] = CameraFrames(video, key)
+    release(data)  # verified, parsed and demuxed: a mapped shard's pages go back to the kernel
     return Episode(episode_index, length, columns, cameras, len(data), where)

@@ -24,8 +24,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Generic, NamedTuple, TypeVar
 
 import fsspec
+from fsspec.implementations.local import LocalFileSystem
 
 from lerobot_shards.format import FormatError, checksum
+from lerobot_shards.reader import mapped
 
 log = logging.getLogger(__name__)
 
@@ -91,8 +93,9 @@ def read_span(
     retries: int = 5,
     backoff_s: float = 0.05,
     max_backoff_s: float = 5.0,
-) -> bytes:
-    """Read and verify one episode's bytes with a single ranged read (plus retries).
+) -> bytes | memoryview:
+    """Read and verify one episode's bytes with a single ranged read (plus retries); a local
+    shard's are mapped, not read (``mapped.py``).
 
     Transient errors and checksum mismatches are retried ``retries`` times in all, sleeping
     ``backoff_s * 2**attempt`` (capped) in between; two reads with the same wrong checksum are
@@ -105,7 +108,7 @@ def read_span(
     attempt = 0
     while True:
         try:
-            data = fs.cat_file(span.path, start=span.offset, end=span.offset + span.size)
+            data = _read(fs, span)
             if len(data) > span.size:  # retrying cannot help: refused at once
                 raise RangeIgnoredError(
                     f"{where}: asked for the {span.size} bytes at offset {span.offset}, the "
@@ -149,6 +152,15 @@ def read_span(
             problem = f"checksum mismatch ({got})"
         attempt += 1
         _back_off(where, problem, attempt, retries, backoff_s, max_backoff_s)
+
+
+def _read(fs: fsspec.AbstractFileSystem, span: Span) -> bytes | memoryview:
+    """The span's bytes: from a local shard mapped (``mapped.py`` says why), else read."""
+    if mapped.SUPPORTED and isinstance(fs, LocalFileSystem):
+        view = mapped.map_span(fs._strip_protocol(span.path), span.offset, span.size)
+        if view is not None:
+            return view
+    return fs.cat_file(span.path, start=span.offset, end=span.offset + span.size)
 
 
 def _check_span_fits(fs: fsspec.AbstractFileSystem, span: Span, where: str) -> None:

@@ -13,7 +13,6 @@ epoch's), draws from the episodes already loaded go on.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ import numpy as np
 from lerobot_shards.items import ItemSpec
 from lerobot_shards.reader import transfer
 from lerobot_shards.reader.catalog import Catalog, Member
+from lerobot_shards.reader.cpu import physical_cores
 from lerobot_shards.reader.elastic import Ordering, Part
 from lerobot_shards.reader.episode import Episode
 from lerobot_shards.reader.fetch import ADMIT, EVICT, Prefetcher
@@ -54,13 +54,13 @@ class StreamOptions:
 
 
 def decode_thread_count(requested: int | None, processes: int) -> int:
-    """Decode threads for one of ``processes`` iterating processes: ``requested``, or the usable
-    cores shared out over them, none when there are no more cores than processes (each
-    process's own thread then keeps its core busy: more threads would only contend for it)."""
+    """Decode threads for one of ``processes`` iterating processes: ``requested``, or the
+    physical cores (``cpu.py``) shared out over them, none when there are no more cores than
+    processes (each process's own thread then keeps its core busy: more threads would only
+    contend for it)."""
     if requested is not None:
         return requested
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    cores = cores or 1
+    cores = physical_cores()
     return cores // processes if cores > processes else 0
 
 
