@@ -9,10 +9,12 @@ cameras, GOP 2), generated and converted once under ``--cache``.
    times ``iter(loader)`` to the first batch (workers started, pool admitted, first items
    decoded), ``--rounds`` times (each in a fresh process: nothing in the page cache is warm
    beyond what the previous round left, as on a training machine's second run).
-2. Epoch boundary: ``--episodes`` of them (an epoch short enough to run twice here), persistent
-   workers, ``--epochs`` epochs; every gap between consecutive batches is recorded in the
-   consuming process. Reported: the median gap, and the longest gap among the ``--edge``
-   batches on either side of each epoch boundary (the next epoch's pool fills there).
+2. Epoch boundary: ``--episodes`` of them (an epoch short enough to run several times here),
+   ``--epochs`` epochs, once as one ``iter(loader)`` per epoch with persistent workers (the
+   DataLoader restarts its workers' iteration at each boundary) and once with ``repeat=True``
+   (one endless iteration that runs on into the next epoch); every gap between consecutive
+   batches is recorded in the consuming process. Reported: the median gap, and the longest gap
+   among the ``--edge`` batches on either side of each epoch boundary.
 
 Usage: ``python scripts/bench_epoch_edges.py [--cache DIR] [--workers 2] [--batch-size 32]``.
 """
@@ -36,10 +38,14 @@ def one_thread(worker_id: int) -> None:
     torch.set_num_threads(1)
 
 
-def make_loader(shards: str, workers: int, batch_size: int, episodes: list[int] | None):
+def make_loader(
+    shards: str, workers: int, batch_size: int, episodes: list[int] | None, repeat: bool = False
+):
     from lerobot_shards import ShardedDataLoader, ShardedLeRobotDataset, collate
 
-    ds = ShardedLeRobotDataset(shards, episodes=episodes, return_uint8=True, buffer_size=64)
+    ds = ShardedLeRobotDataset(
+        shards, episodes=episodes, return_uint8=True, buffer_size=64, repeat=repeat
+    )
     return ShardedDataLoader(
         ds,
         batch_size=batch_size,
@@ -60,14 +66,27 @@ def first_batch(shards: str, workers: int, batch_size: int) -> dict:
     return {"construct_s": built - started, "first_batch_s": done - built}
 
 
-def boundary_gaps(shards: str, workers: int, batch_size: int, episodes: int, epochs: int) -> dict:
-    loader = make_loader(shards, workers, batch_size, list(range(episodes)))
+def boundary_gaps(
+    shards: str, workers: int, batch_size: int, episodes: int, epochs: int, repeat: bool
+) -> dict:
+    """The arrival time of every batch, by epoch. With ``repeat`` one endless iteration, cut
+    into epochs by sample count (the last batch of an epoch may hold the next one's first)."""
+    loader = make_loader(shards, workers, batch_size, list(range(episodes)), repeat)
     stamps: list[list[float]] = []
-    for _ in range(epochs):
-        times = []
-        for _batch in loader:
-            times.append(time.perf_counter())
-        stamps.append(times)
+    if not repeat:
+        for _ in range(epochs):
+            stamps.append([time.perf_counter() for _batch in loader])
+        return {"stamps": stamps}
+    per_epoch = len(loader.dataset)
+    samples, times = 0, []
+    for batch in loader:
+        times.append(time.perf_counter())
+        samples += len(batch["index"])
+        if samples >= per_epoch * (len(stamps) + 1):
+            stamps.append(times)
+            times = []
+            if len(stamps) == epochs:
+                break
     return {"stamps": stamps}
 
 
@@ -114,16 +133,25 @@ def main() -> None:
         f"{np.median([r['construct_s'] for r in firsts]):.2f} s before)",
         flush=True,
     )
-    result = run_child(
-        "edges", str(shards), args.workers, args.batch_size, args.episodes, args.epochs
-    )
-    stamps = result["stamps"]
+    for repeat in (False, True):
+        result = run_child(
+            "edges", str(shards), args.workers, args.batch_size, args.episodes, args.epochs, repeat
+        )
+        report_gaps(result["stamps"], args, repeat)
+
+
+def report_gaps(stamps: list[list[float]], args: argparse.Namespace, repeat: bool) -> None:
     flat = np.concatenate([np.asarray(s) for s in stamps])
     gaps = np.diff(flat)
     median = float(np.median(gaps))
+    how = (
+        "repeat=True (one endless iteration)"
+        if repeat
+        else "one iter(loader) per epoch, persistent workers"
+    )
     print(
-        f"epoch boundary ({args.episodes} episodes, {len(stamps[0])} batches per epoch): median "
-        f"gap between batches {1000 * median:.0f} ms",
+        f"epoch boundary, {how} ({args.episodes} episodes, {len(stamps[0])} batches per "
+        f"epoch): median gap between batches {1000 * median:.0f} ms",
         flush=True,
     )
     at = 0

@@ -31,6 +31,8 @@ from lerobot_shards.reader.frame_cache import FrameCache, read_ahead
 from lerobot_shards.reader.plan import Admit, Draws, Evict
 from lerobot_shards.reader.state import Cursor
 
+PREFETCH_LOOKAHEAD_EVENTS = 16
+"""Plan events the fetcher reads ahead looking for the next admissions to fetch early."""
 FIRST_LOOKAHEAD = 256
 """Draws registered with the frame cache before the first item; the look-ahead then grows to
 ``frame_lookahead`` as items go out (``frame_cache.read_ahead``)."""
@@ -122,6 +124,10 @@ def stream_part(
         byte_budget=ordering.byte_budget,
         depth=options.prefetch_depth,
         threads=options.fetch_threads,
+        # Runs of draws double up to 512 draws, so a few events reach far enough to fetch the
+        # next admissions in time; reading further would register thousands of draws with the
+        # frame cache before the first item.
+        lookahead_events=PREFETCH_LOOKAHEAD_EVENTS,
     )
     threads = options.decode_threads
     decoder = ThreadPoolExecutor(threads, "lerobot-shards-decode") if threads else None
