@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-LEROBOT_SHARDS_REQUIRE="ray aiohttp" .venv/bin/python -m pytest -q "$@"
+LEROBOT_SHARDS_REQUIRE="ray aiohttp matplotlib" .venv/bin/python -m pytest -q "$@"
 if [ "${LEROBOT_ENV:-1}" != 0 ]; then
   started=$(date +%s)
   bash scripts/setup_lerobot_env.sh

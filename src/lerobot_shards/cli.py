@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
+from contextlib import ExitStack
 
 import click
 
@@ -249,11 +251,18 @@ def parse_weights(spec: str | None, count: int) -> list[float] | None:
     show_default=True,
     help="Seconds between progress lines.",
 )
+@click.option(
+    "--report",
+    "report_path",
+    type=click.Path(dir_okay=False, writable=True),
+    help="Also write a picture of where the time went: FILE.html (a page with a summary) or "
+    "FILE.png (needs matplotlib: pip install 'lerobot-shards[report]').",
+)
 def stream(
     roots: tuple[str, ...], weights: str | None, workers: int, batch_size: int,
     seconds: float | None, epochs: int | None,
     buffer_size: int, byte_budget_gb: float | None, uint8: bool, seed: int,
-    decode_threads: int | None, interval: float,
+    decode_threads: int | None, interval: float, report_path: str | None,
 ) -> None:  # fmt: skip
     """Stream the converted dataset at ROOT (several ROOTS: their mixture) through a
     DataLoader and print what it delivers: samples/s, camera frames/s, shard MB/s and the
@@ -266,24 +275,53 @@ def stream(
         raise click.BadParameter(
             "weights are for several ROOTS (a mixture)", param_hint="--weights"
         )
-    try:
-        stats = run_stream(
-            list(roots) if mixture else roots[0],
-            weights=parse_weights(weights, len(roots)),
-            workers=workers,
-            batch_size=batch_size,
-            seconds=seconds,
-            epochs=epochs,
-            buffer_size=buffer_size,
-            byte_budget_gb=byte_budget_gb,
-            return_uint8=uint8,
-            seed=seed,
-            dataset_options={"decode_threads": decode_threads},
-            report=lambda s: click.echo(s.line()),
-            interval_s=interval,
-        )
-    except (FormatError, FileNotFoundError, ValueError) as exc:
-        raise click.ClickException(str(exc)) from exc
+    if report_path is not None:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise click.ClickException(
+                "--report draws with matplotlib: pip install 'lerobot-shards[report]'"
+            ) from None
+    with ExitStack() as running:
+        options: dict = {"decode_threads": decode_threads}
+        log = None
+        if report_path is not None:
+            from lerobot_shards.report import MemorySampler, RunLog
+
+            options["trace_dir"] = running.enter_context(tempfile.TemporaryDirectory())
+            log = RunLog()
+            running.enter_context(MemorySampler(log))
+        try:
+            stats = run_stream(
+                list(roots) if mixture else roots[0],
+                weights=parse_weights(weights, len(roots)),
+                workers=workers,
+                batch_size=batch_size,
+                seconds=seconds,
+                epochs=epochs,
+                buffer_size=buffer_size,
+                byte_budget_gb=byte_budget_gb,
+                return_uint8=uint8,
+                seed=seed,
+                dataset_options=options,
+                report=lambda s: click.echo(s.line()),
+                interval_s=interval,
+                log=log,
+            )
+        except (FormatError, FileNotFoundError, ValueError) as exc:
+            raise click.ClickException(str(exc)) from exc
+        if report_path is not None:
+            from lerobot_shards.reader.trace import read_traces
+            from lerobot_shards.report import write_report
+
+            write_report(
+                log,
+                read_traces(options["trace_dir"]),
+                report_path,
+                title=f"lerobot-shards stream {' '.join(roots)}: {workers} workers, batch "
+                f"{batch_size}, buffer_size {buffer_size}",
+            )
+            click.echo(f"report: {report_path}")
     finished = ", ".join(f"{100 * c:.1f}%" for c in stats.epoch_coverage) or "none"
     click.echo(
         f"done: {stats.samples} samples in {stats.elapsed_s:.1f} s (first batch after "

@@ -35,6 +35,7 @@ from lerobot_shards.reader.pool_budget import PoolBudget, split_budget
 from lerobot_shards.reader.schema import check_batchable, item_schema
 from lerobot_shards.reader.state import Context, Position
 from lerobot_shards.reader.stream import StreamOptions, decode_thread_count, stream_part
+from lerobot_shards.reader.trace import TraceWriter
 from lerobot_shards.reader.worker_epochs import WorkerEpochs
 
 __all__ = [
@@ -94,6 +95,10 @@ class ShardedLeRobotDataset(IterableDataset):
     each GOP when its first frame is drawn, in the iterating thread. The torchcodec backend
     always decodes that way.
 
+    ``trace_dir``: each iterating process appends where its time goes (fetching, decoding,
+    waiting) to a file in this local folder, for ``lerobot-shards stream --report``
+    (``reader/trace.py``).
+
     Epochs, ``state_dict``/``load_state_dict`` and the state format: ``reader/state.py``.
 
     ``len(ds)`` and ``ds.padding`` count this rank's samples per epoch over ``ds.num_workers``
@@ -132,6 +137,7 @@ class ShardedLeRobotDataset(IterableDataset):
         storage_options: dict | None = None,
         pad: bool = True,
         decode_threads: int | None = None,
+        trace_dir: str | os.PathLike | None = None,
     ) -> None:
         super().__init__()
         if buffer_size < 1:
@@ -140,6 +146,7 @@ class ShardedLeRobotDataset(IterableDataset):
         if decode_threads is not None and decode_threads < 0:
             raise ValueError(f"decode_threads must be non-negative, got {decode_threads}")
         self.decode_threads = decode_threads
+        self.trace_dir = None if trace_dir is None else os.fspath(trace_dir)
         sources, self.is_mixture = as_sources(root, episodes)
         if not self.is_mixture and (weights is not None or epoch_size is not None):
             raise ValueError("weights and epoch_size are for a mixture (a list of roots)")
@@ -357,6 +364,9 @@ class ShardedLeRobotDataset(IterableDataset):
             shared_batches=in_worker and self.video_backend == "pyav",
         )
         self.catalog.resolve_filesystems()
+        trace = None
+        if self.trace_dir is not None:
+            trace = TraceWriter(self.trace_dir, f"rank {rank} worker {ctx.worker}")
         return stream_part(
             part,
             following,
@@ -366,6 +376,7 @@ class ShardedLeRobotDataset(IterableDataset):
             cache_bytes=budget.cache,
             options=options,
             stats=self._stats,
+            trace=trace,
         )
 
     # ------------------------------------------------------------------ layout and budget

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import io
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Collection
 from typing import Any
@@ -40,6 +41,7 @@ import torch
 from lerobot_shards.format import FormatError
 from lerobot_shards.reader.mapped import release
 from lerobot_shards.reader.rgb24 import to_rgb24
+from lerobot_shards.reader.trace import COUNTERS
 
 BACKENDS = ("pyav", "torchcodec")
 
@@ -161,10 +163,15 @@ class Video:
         g = self.gop_of(position)
         first, stop = self._bounds[g], self._bounds[g + 1]
         wanted = {position, *keep}
+        started = time.perf_counter()
         if self.backend == "torchcodec":
             frames = self._decode_torchcodec(first, stop)
-            return {p: frames[p] for p in wanted}
-        return self._decode_pyav(first, stop, wanted, rgb)
+            frames = {p: frames[p] for p in wanted}
+        else:
+            frames = self._decode_pyav(first, stop, wanted, rgb)
+        COUNTERS.add("decode_s", time.perf_counter() - started)
+        COUNTERS.add("frames_decoded", len(frames))
+        return frames
 
     def _decode_pyav(self, first: int, stop: int, wanted: set[int], rgb: bool) -> dict[int, Any]:
         import av

@@ -13,6 +13,7 @@ epoch's), draws from the episodes already loaded go on.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from lerobot_shards.reader.fetch import ADMIT, EVICT, Prefetcher
 from lerobot_shards.reader.frame_cache import FrameCache, read_ahead
 from lerobot_shards.reader.plan import Admit, Draws, Evict
 from lerobot_shards.reader.state import Cursor
+from lerobot_shards.reader.trace import COUNTERS, TraceWriter
 
 PREFETCH_LOOKAHEAD_EVENTS = 16
 """Plan events the fetcher reads ahead looking for the next admissions to fetch early."""
@@ -76,9 +78,12 @@ def stream_part(
     cache_bytes: int,
     options: StreamOptions,
     stats: dict[str, int],
+    trace: TraceWriter | None = None,
 ) -> Iterator[dict]:
     """The items of ``part`` from ``cursor.offset`` on (then, with ``ordering.repeat``, of the
-    ``following`` epochs' parts), moving ``cursor`` along and recording peaks in ``stats``."""
+    ``following`` epochs' parts), moving ``cursor`` along and recording peaks in ``stats``
+    (and, with ``trace``, where the time goes: ``trace.py``)."""
+    from_cache_before = stats["frames_from_cache"]
     if part.num_samples == 0 or cursor.offset >= part.num_samples:
         return
     parts_of: dict[int, Part] = {}
@@ -116,7 +121,11 @@ def stream_part(
     def load(key: tuple[int, int]) -> tuple[Episode, Member]:
         epoch, piece = key
         member, episode = catalog.locate(int(parts_of[epoch].episodes[piece]))
-        return member.fetch(episode, options.backend, options.fetch_retries), member
+        started = time.perf_counter()
+        try:
+            return member.fetch(episode, options.backend, options.fetch_retries), member
+        finally:
+            COUNTERS.add("fetch_s", time.perf_counter() - started)
 
     prefetcher = Prefetcher(
         load,
@@ -143,7 +152,9 @@ def stream_part(
         nonlocal fetched
         loaded = resident.get(key)
         if loaded is None:
+            started = time.perf_counter()
             loaded = resident[key] = loading.pop(key).result()
+            COUNTERS.add("fetch_wait_s", time.perf_counter() - started)
             loaded[0].attach(cache, key)
             fetched += loaded[0].fetched
         return loaded
@@ -184,7 +195,12 @@ def stream_part(
                     stats["peak_resident_memory"] = max(stats["peak_resident_memory"], memory)
                     cursor.offset += 1
                     cursor.stream_offset += 1
+                    COUNTERS.add("items", 1)
+                    if trace is not None:
+                        trace.tick(frames_from_cache=cache.decodes_saved + from_cache_before)
+                    handed = time.perf_counter()
                     yield item
+                    COUNTERS.add("outside_s", time.perf_counter() - handed)
             elif kind is Admit:
                 loading[(epoch, event.piece)] = value
                 stats["peak_budget_bytes"] = max(stats["peak_budget_bytes"], prefetcher.peak_bytes)
@@ -199,6 +215,8 @@ def stream_part(
         stats["peak_budget_bytes"] = max(stats["peak_budget_bytes"], prefetcher.peak_bytes)
         stats["peak_frame_cache_bytes"] = max(stats["peak_frame_cache_bytes"], cache.peak_bytes)
         stats["frames_from_cache"] += cache.decodes_saved
+        if trace is not None:
+            trace.close(frames_from_cache=stats["frames_from_cache"])
 
 
 def fetch_order(events: Iterable[Any], horizon: int = 1024) -> Iterator[Any]:

@@ -24,12 +24,16 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
 from lerobot_shards.reader.dataset import ShardedLeRobotDataset, rank_and_world_size
+
+if TYPE_CHECKING:
+    from lerobot_shards.report import RunLog
 
 
 @dataclass
@@ -181,6 +185,7 @@ def stream(
     report: Callable[[StreamStats], None] | None = None,
     interval_s: float = 5.0,
     collate_fn: Callable | None = None,
+    log: RunLog | None = None,
 ) -> StreamStats:
     """Stream ``root`` (or a mixture: a list of roots, with ``weights``) through a
     ``DataLoader`` and return what it delivered.
@@ -191,6 +196,7 @@ def stream(
     ``report(stats)`` is called every ``interval_s`` seconds and at the end of every epoch.
     ``dataset_options`` go to ``ShardedLeRobotDataset`` as further keyword arguments.
     ``collate_fn`` batches for the DataLoader (``None``: torch's ``default_collate``).
+    ``log`` records each batch for a report (``lerobot_shards.report``).
 
     The rates cover what follows ``warmup_batches`` batches, or, with ``warmup_epochs``, whole
     epochs from the start of epoch ``warmup_epochs`` (with persistent workers already running):
@@ -255,6 +261,9 @@ def stream(
                     else np.zeros(n, dtype=np.int64)
                 )
                 frames = sum(batch[key].numel() // shape[key] for key in shape)
+                if log is not None:
+                    episodes = batch["episode_index"].numpy().reshape(-1).tolist()
+                    log.batch(n, len(set(zip(datasets.tolist(), episodes, strict=True))))
                 fetched = counter.see(datasets, indices)
                 for d in np.unique(datasets).tolist():
                     mine = indices[datasets == d]
