@@ -38,5 +38,5 @@ fi
 "$VENV/bin/python" -m pip freeze \
   | grep -iE '^(lerobot|torch|torchvision|torchcodec|numpy|av|fsspec|datasets|pyarrow|pandas|huggingface[-_]hub|accelerate|diffusers)==' \
   > "$VENV/lerobot-constraints.txt"
-"$VENV/bin/python" -m pip install -q -e ".[test]" -c "$VENV/lerobot-constraints.txt"
+"$VENV/bin/python" -m pip install -q -e ".[test,report]" -c "$VENV/lerobot-constraints.txt"
 "$VENV/bin/python" -m pip check

@@ -49,9 +49,9 @@ def users_folder(tmp_path, s3_server) -> Path:
 
 def test_the_readme_has_the_snippets_this_test_prepares_for():
     codes = [code for _, code in python_snippets()]
-    assert len(codes) == 5
+    assert len(codes) == 6
     assert 'convert("path/to/lerobot_dataset", "shards/aloha", workers=2)' in codes[0]
-    assert "https://s3.example.com" in codes[3]
+    assert "https://s3.example.com" in codes[4]
 
 
 def test_every_python_snippet_runs_as_a_plain_script(users_folder, s3_server):
