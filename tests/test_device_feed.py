@@ -120,3 +120,12 @@ def test_cuda_batches_equal_the_host_batches(av1, monkeypatch):
         for batch in to_device(loader(av1), "cuda")
     ]
     assert_same_batches(got, want)
+
+
+def test_any_loader_is_fed_but_only_a_sharded_one_has_a_state(av1, monkeypatch):
+    as_rank(monkeypatch, 0, 1)
+    plain = torch.utils.data.DataLoader(ShardedLeRobotDataset(av1, seed=11), batch_size=BATCH)
+    feed = to_device(plain, "cpu")
+    assert sum(len(b["index"]) for b in feed) == len(plain.dataset)
+    with pytest.raises(TypeError, match="ShardedDataLoader"):
+        feed.state_dict()

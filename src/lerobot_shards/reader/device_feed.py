@@ -19,7 +19,7 @@ import contextlib
 import queue
 import threading
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -32,11 +32,12 @@ _END = object()
 class DeviceFeed:
     """``loader``'s batches on ``device``, one copied ahead under the loop's step (on CUDA, on a
     side stream), with the loader's ``state_dict``/``load_state_dict`` made exact for what the
-    loop consumed. Iterate it once per epoch, as the loader."""
+    loop consumed (a :class:`ShardedDataLoader`'s; any other iterable of batches is fed without
+    them). Iterate it once per epoch, as the loader."""
 
     def __init__(
         self,
-        loader: ShardedDataLoader,
+        loader: Iterable[Any],
         device: str | torch.device,
         *,
         depth: int = 2,
@@ -60,9 +61,10 @@ class DeviceFeed:
         batches = iter(self.loader)
         received: queue.Queue = queue.Queue(self.depth)
         stop = threading.Event()
+        counted = isinstance(self.loader, ShardedDataLoader)
         thread = threading.Thread(
             target=_receive,
-            args=(batches, received, stop),
+            args=(batches, received, stop, counted),
             name="lerobot-shards-feed",
             daemon=True,
         )
@@ -120,19 +122,29 @@ class DeviceFeed:
     def state_dict(self) -> dict[str, Any]:
         """The exact position after the batches handed to the loop (those in flight left out:
         a resume delivers them again)."""
-        return self.loader.state_dict(num_samples=self._consumed)
+        return self._sharded().state_dict(num_samples=self._consumed)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Make the next ``iter(feed)`` deliver exactly what followed ``state``."""
-        self.loader.load_state_dict(state)
+        self._sharded().load_state_dict(state)
         self._consumed = 0
 
+    def _sharded(self) -> ShardedDataLoader:
+        if not isinstance(self.loader, ShardedDataLoader):
+            raise TypeError(
+                f"a DeviceFeed over a {type(self.loader).__name__} has no state to save or load: "
+                "feed a lerobot_shards.ShardedDataLoader for exact checkpoints"
+            )
+        return self.loader
 
-def _receive(batches: Iterator[Any], received: queue.Queue, stop: threading.Event) -> None:
+
+def _receive(
+    batches: Iterator[Any], received: queue.Queue, stop: threading.Event, counted: bool
+) -> None:
     """Thread: take the loader's batches as they come (the DataLoader's iterator runs here)."""
     try:
         for batch in batches:
-            received.put((batch, batch_length(batch)))
+            received.put((batch, batch_length(batch) if counted else 0))
             if stop.is_set():
                 break
     except BaseException as exc:  # handed to the loop, which raises it
@@ -142,7 +154,7 @@ def _receive(batches: Iterator[Any], received: queue.Queue, stop: threading.Even
 
 
 def to_device(
-    loader: ShardedDataLoader,
+    loader: Iterable[Any],
     device: str | torch.device,
     *,
     depth: int = 2,
