@@ -71,3 +71,20 @@ def test_release_leaves_ordinary_memory_alone():
     assert not mapped.is_mapped(view) and not mapped.is_mapped(before)
     mapped.release(view)
     assert bytes(data) == before
+
+
+def test_local_shards_are_read_when_mapping_is_turned_off(tmp_path, monkeypatch):
+    import fsspec
+
+    from lerobot_shards.format import checksum
+    from lerobot_shards.reader.fetch import Span, read_span
+
+    path = tmp_path / "shard.tar"
+    data = os.urandom(10_000)
+    path.write_bytes(data)
+    span = Span(0, str(path), 100, 5000, checksum(data[100:5100]))
+    fs = fsspec.filesystem("file")
+    assert mapped.is_mapped(read_span(fs, span))
+    monkeypatch.setenv(mapped.DISABLE, "0")
+    read = read_span(fs, span)
+    assert not mapped.is_mapped(read) and bytes(read) == data[100:5100]

@@ -156,7 +156,7 @@ def read_span(
 
 def _read(fs: fsspec.AbstractFileSystem, span: Span) -> bytes | memoryview:
     """The span's bytes: from a local shard mapped (``mapped.py`` says why), else read."""
-    if mapped.SUPPORTED and isinstance(fs, LocalFileSystem):
+    if isinstance(fs, LocalFileSystem) and mapped.enabled():
         view = mapped.map_span(fs._strip_protocol(span.path), span.offset, span.size)
         if view is not None:
             return view

@@ -12,7 +12,9 @@ no longer grows with the pool.
 Only read-only shared mappings of local files are released this way; bytes from object storage
 or HTTP are ordinary process memory and are kept. A shard is never changed in place (the
 converter writes a new file and renames it over the old one), so a mapping cannot change under
-the reader.
+the reader; a shard that another program truncates while it is mapped ends the process with
+SIGBUS at the next read of the lost bytes. ``LEROBOT_SHARDS_MAP_SHARDS=0`` in the environment
+reads local shards into memory instead.
 """
 
 from __future__ import annotations
@@ -27,8 +29,16 @@ WINDOW = 1 << 21
 KiB) and maps the whole page-cache folio holding it (large folios reach 2 MiB). A release drops
 the whole aligned windows of this size around its bytes, or those neighbours would stay."""
 
+DISABLE = "LEROBOT_SHARDS_MAP_SHARDS"
+"""Set to ``0`` to read local shards into memory instead of mapping them."""
+
 SUPPORTED = hasattr(mmap, "MADV_DONTNEED") and hasattr(mmap.mmap, "madvise")
 """Whether mapped bytes can be given back (Linux and macOS); elsewhere local shards are read."""
+
+
+def enabled() -> bool:
+    """Whether local shards are mapped here: supported, and not turned off (:data:`DISABLE`)."""
+    return SUPPORTED and os.environ.get(DISABLE) != "0"
 
 
 def map_span(path: str, offset: int, size: int) -> memoryview | None:
