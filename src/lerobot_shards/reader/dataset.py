@@ -27,7 +27,7 @@ from lerobot_shards.reader.accelerate_guard import refuse_accelerate_resharding
 from lerobot_shards.reader.allocator import tune_worker_malloc
 from lerobot_shards.reader.catalog import Catalog, DatasetRoot, ItemOptions, Member, as_sources
 from lerobot_shards.reader.decode import check_backend
-from lerobot_shards.reader.elastic import Ordering, Planner
+from lerobot_shards.reader.elastic import Ordering, Part, Planner
 from lerobot_shards.reader.meta import DatasetMeta, MixtureMeta, Selection
 from lerobot_shards.reader.mixture import MixturePlan, samples_per_dataset
 from lerobot_shards.reader.partition import part_index, samples_per_part
@@ -115,6 +115,9 @@ class ShardedLeRobotDataset(IterableDataset):
     """Threads fetching and demuxing admitted episodes."""
     fetch_retries = 5
     """Attempts at an episode's ranged read before it fails (transient errors back off)."""
+    warm_draws = 64
+    """Draws of the next epoch fetched and decoded ahead when an iterating process's part ends
+    (``warm_start.py``; 0: none)."""
 
     def __init__(
         self,
@@ -362,7 +365,14 @@ class ShardedLeRobotDataset(IterableDataset):
             fetch_threads=self.fetch_threads,
             fetch_retries=self.fetch_retries,
             shared_batches=in_worker and self.video_backend == "pyav",
+            warm_draws=0 if ctx.ordering.repeat else self.warm_draws,
         )
+        planner, ordering = self._planner, ctx.ordering
+        num_parts, index = ctx.world_size * ctx.workers, first + ctx.worker
+
+        def next_part() -> Part:  # the next epoch's fresh part, as the next iteration plans it
+            return planner.fresh_parts(ordering, num_parts, part.epoch + 1)[index]
+
         self.catalog.resolve_filesystems()
         trace = None
         if self.trace_dir is not None:
@@ -377,6 +387,7 @@ class ShardedLeRobotDataset(IterableDataset):
             options=options,
             stats=self._stats,
             trace=trace,
+            next_part=next_part,
         )
 
     # ------------------------------------------------------------------ layout and budget

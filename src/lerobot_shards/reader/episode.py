@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterator, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
+from typing import Any
 
 import av
 import numpy as np
@@ -63,6 +64,14 @@ class CameraFrames:
         self.camera = camera
         self.cache: FrameCache | None = None
         self.tag: Hashable = None
+        self.warm: dict[int, Any] = {}
+        """Frames decoded before the episode joined a stream (``warm_start.py``), by position;
+        each is taken once, instead of decoding it."""
+
+    def warm_up(self, position: int) -> None:
+        """Decode frame ``position`` now, to be taken later (before :meth:`attach`)."""
+        if position not in self.warm:
+            self.warm.update(self.video.decode(position, (), rgb=False))
 
     def attach(self, cache: FrameCache, tag: Hashable) -> None:
         """Decode through ``cache``, under episode tag ``tag`` (the stream's name for it)."""
@@ -76,7 +85,7 @@ class CameraFrames:
         """Start decoding frame ``position`` on ``decoder``, with the GOP's other frames that
         the cache will hold, unless it is held or the cache has no room for it."""
         cache, video = self.cache, self.video
-        if cache.holds(self.key(position)):
+        if cache.holds(self.key(position)) or position in self.warm:
             return
         pending = [Pending(position)]
         if not cache.offer(self.key(position), pending[0], video.frame_bytes):
@@ -97,8 +106,12 @@ class CameraFrames:
         ``out`` returned: a GOP decoded for it keeps its frames unconverted until drawn.
         """
         cache, video, key = self.cache, self.video, self.key(position)
+        warm = self.warm.pop(position, None) if self.warm else None
         frame = cache.take(key)
-        if frame is None:
+        if frame is None and warm is not None:
+            frame = warm
+            cache.offer(key, frame, frame_nbytes(frame))  # drawn again soon (delta_timestamps)
+        elif frame is None:
             keep = [
                 p
                 for p in video.gop_positions(position)
@@ -147,6 +160,13 @@ class Episode:
             camera = self.cameras[key]
             for p in positions.tolist():
                 yield camera.key(p)
+
+    def warm_up(self, position: int, spec: ItemSpec) -> None:
+        """Decode now the frames the item for row ``position`` will show (``warm_start.py``)."""
+        for key, positions in spec.video_positions(position, self.length).items():
+            camera = self.cameras[key]
+            for p in positions.tolist():
+                camera.warm_up(p)
 
     def schedule(self, position: int, spec: ItemSpec, decoder: Executor) -> None:
         """Start decoding, on ``decoder``, the frames the item for row ``position`` will show."""

@@ -14,7 +14,7 @@ epoch's), draws from the episodes already loaded go on.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from lerobot_shards.items import ItemSpec
-from lerobot_shards.reader import transfer
+from lerobot_shards.reader import transfer, warm_start
 from lerobot_shards.reader.catalog import Catalog, Member
 from lerobot_shards.reader.cpu import physical_cores
 from lerobot_shards.reader.elastic import Ordering, Part
@@ -55,6 +55,9 @@ class StreamOptions:
     fetch_retries: int
     shared_batches: bool
     """Write frames into the DataLoader worker's shared batch slots (``transfer.BatchArena``)."""
+    warm_draws: int = 0
+    """When a part ends, the next epoch's first draws fetched and decoded ahead
+    (``warm_start.py``)."""
 
 
 def decode_thread_count(requested: int | None, processes: int) -> int:
@@ -79,11 +82,16 @@ def stream_part(
     options: StreamOptions,
     stats: dict[str, int],
     trace: TraceWriter | None = None,
+    next_part: Callable[[], Part] | None = None,
 ) -> Iterator[dict]:
     """The items of ``part`` from ``cursor.offset`` on (then, with ``ordering.repeat``, of the
     ``following`` epochs' parts), moving ``cursor`` along and recording peaks in ``stats``
-    (and, with ``trace``, where the time goes: ``trace.py``)."""
+    (and, with ``trace``, where the time goes: ``trace.py``). When the part ends, the part
+    ``next_part()`` returns (the next epoch's) is warmed up (``warm_start.py``)."""
     from_cache_before = stats["frames_from_cache"]
+    warmed = warm_start.claim(part)  # what the last part's end prepared for this one
+    if cursor.offset:  # a resumed part: its first draws are not the ones warmed
+        warmed = {}
     if part.num_samples == 0 or cursor.offset >= part.num_samples:
         return
     parts_of: dict[int, Part] = {}
@@ -120,6 +128,8 @@ def stream_part(
 
     def load(key: tuple[int, int]) -> tuple[Episode, Member]:
         epoch, piece = key
+        if epoch == part.epoch and piece in warmed:
+            return warmed.pop(piece)
         member, episode = catalog.locate(int(parts_of[epoch].episodes[piece]))
         started = time.perf_counter()
         try:
@@ -209,6 +219,17 @@ def stream_part(
                 fetched -= ready(key)[0].fetched
                 del resident[key]
                 cache.forget(key)
+        if next_part is not None and options.warm_draws:
+            warm_start.begin(
+                next_part,
+                ordering,
+                catalog,
+                lambda member, episode: member.fetch(
+                    episode, options.backend, options.fetch_retries
+                ),
+                options.warm_draws,
+                fetch_order,
+            )
     finally:
         if decoder is not None:
             decoder.shutdown(wait=True, cancel_futures=True)

@@ -1,0 +1,127 @@
+"""The next epoch's first items, fetched and decoded while the DataLoader starts that epoch.
+
+Why. With one ``iter(loader)`` per epoch, the DataLoader ends an epoch once every worker's part
+is spent, and only the next ``iter`` asks the workers for the next one: each fills its pool and
+decodes its first batch while the training loop waits (3-6 times the usual gap between batches,
+``scripts/bench_epoch_edges.py``). A worker whose part is spent knows its next epoch's part (the
+plan is a pure function of the seed, the epoch and the layout), so :func:`begin` fetches the
+episodes of that part's first draws and decodes their frames on a thread right away, while the
+last batches drain. The next stream :func:`claim`\\ s them if its part is that part from its
+start; anything else leaves them unused. A frame decodes to the same pixels wherever it is
+decoded, so this moves work earlier and never changes what is yielded.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from lerobot_shards.reader.catalog import Catalog, Member
+from lerobot_shards.reader.elastic import Ordering, Part
+from lerobot_shards.reader.episode import Episode
+from lerobot_shards.reader.plan import Draws
+
+
+@dataclass
+class _Warm:
+    pid: int
+    part: Part | None
+    """The part warmed (None until the thread has computed it)."""
+    stop: threading.Event
+    done: Future
+
+
+_current: _Warm | None = None
+
+
+def begin(
+    next_part: Callable[[], Part],
+    ordering: Ordering,
+    catalog: Catalog,
+    fetch: Callable[[Member, int], Episode],
+    draws: int,
+    order: Callable[[Any], Any],
+) -> None:
+    """Start warming the part ``next_part()`` returns: its first ``draws`` draws' episodes
+    fetched (``fetch(member, episode)``) and frames decoded, on a daemon thread. ``order`` is the
+    stream's ``fetch_order`` (the plan's events as the stream sees them)."""
+    global _current
+    discard()
+    warm = _Warm(os.getpid(), None, threading.Event(), Future())
+    _current = warm
+    threading.Thread(
+        target=_run,
+        args=(warm, next_part, ordering, catalog, fetch, draws, order),
+        name="lerobot-shards-warm-start",
+        daemon=True,
+    ).start()
+
+
+def claim(part: Part) -> dict[int, tuple[Episode, Member]]:
+    """The warmed pieces of ``part`` (episodes with their first draws' frames decoded), if the
+    warm-up was for ``part``; else nothing. Stops the warm-up where it is."""
+    global _current
+    warm, _current = _current, None
+    if warm is None or warm.pid != os.getpid():
+        return {}
+    warm.stop.set()
+    episodes = warm.done.result()
+    if warm.part is None or not _same(warm.part, part):
+        return {}
+    return episodes
+
+
+def discard() -> None:
+    """Stop and drop a warm-up nobody claimed."""
+    global _current
+    warm, _current = _current, None
+    if warm is not None:
+        warm.stop.set()
+
+
+def _same(a: Part, b: Part) -> bool:
+    return (
+        a.epoch == b.epoch
+        and np.array_equal(a.episodes, b.episodes)
+        and np.array_equal(a.starts, b.starts)
+        and np.array_equal(a.stops, b.stops)
+    )
+
+
+def _run(
+    warm: _Warm,
+    next_part: Callable[[], Part],
+    ordering: Ordering,
+    catalog: Catalog,
+    fetch: Callable[[Member, int], Episode],
+    draws: int,
+    order: Callable[[Any], Any],
+) -> None:
+    episodes: dict[int, tuple[Episode, Member]] = {}
+    try:
+        part = next_part()
+        first: list[tuple[int, int]] = []  # (piece, episode position) of the first draws
+        for event in order(part.plan(ordering, catalog.cost, 0)):
+            if type(event) is Draws:
+                for piece, frame in zip(event.pieces.tolist(), event.frames.tolist(), strict=True):
+                    first.append((piece, part.position(piece, frame)))
+                if len(first) >= draws:
+                    break
+        warm.part = part
+        for piece, position in first[:draws]:
+            if warm.stop.is_set():
+                break
+            if piece not in episodes:
+                member, episode = catalog.locate(int(part.episodes[piece]))
+                episodes[piece] = (fetch(member, episode), member)
+            episode, member = episodes[piece]
+            episode.warm_up(position, member.spec)
+    except Exception:  # only the head start is lost: the stream fetches again and reports
+        episodes = {}
+    warm.done.set_result(episodes)
