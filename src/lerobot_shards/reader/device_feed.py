@@ -1,12 +1,14 @@
 """Batches on the training device, the next one already on its way while a step runs.
 
 Why. A training loop that does ``batch.to("cuda")`` itself copies each batch while the GPU
-waits: the copy is not overlapped with the step, and the process that launches the GPU's work
-also receives the batches from the DataLoader workers. :class:`DeviceFeed` receives host
-batches on a thread of its own (up to ``depth`` ahead) and, before handing batch ``i`` to the
-loop, starts copying batch ``i + 1`` on a side CUDA stream, so the copy runs under step ``i``.
-Tensors go over the bus as the loader made them (uint8 frames stay uint8: a quarter of the
-bytes of float32); the loop converts them on the device.
+waits: the copy is not overlapped with the step, and the thread that launches the GPU's work
+also receives the batches from the DataLoader workers. :class:`DeviceFeed` receives the
+batches on a thread of its own, which starts each one's copy on a side CUDA stream as it
+arrives (up to ``depth`` ahead), so batch ``i + 1`` is copied while step ``i`` runs; the
+loop's stream waits for that copy on the GPU, the loop itself never does. Tensors go over the
+bus as the loader made them (uint8 frames stay uint8: a quarter of the bytes of float32); the
+loop converts them on the device. With ``pin_memory=True`` on the loader the copies are
+asynchronous DMA; from pageable memory they hold the receiving thread, not the loop.
 
 Resume stays exact: ``state_dict()`` is the loader's position minus the samples received but
 not yet handed to the loop, so a checkpoint taken with batches in flight resumes at the first
@@ -18,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
-from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
@@ -30,10 +31,10 @@ _END = object()
 
 
 class DeviceFeed:
-    """``loader``'s batches on ``device``, one copied ahead under the loop's step (on CUDA, on a
-    side stream), with the loader's ``state_dict``/``load_state_dict`` made exact for what the
-    loop consumed (a :class:`ShardedDataLoader`'s; any other iterable of batches is fed without
-    them). Iterate it once per epoch, as the loader."""
+    """``loader``'s batches on ``device``, up to ``depth`` copied ahead while the loop's step
+    runs (on CUDA, on a side stream), with the loader's ``state_dict``/``load_state_dict`` made
+    exact for what the loop consumed (a :class:`ShardedDataLoader`'s; any other iterable of
+    batches is fed without them). Iterate it once per epoch, as the loader."""
 
     def __init__(
         self,
@@ -61,10 +62,11 @@ class DeviceFeed:
         batches = iter(self.loader)
         received: queue.Queue = queue.Queue(self.depth)
         stop = threading.Event()
+        move = _Mover(self.device, self.non_blocking)
         counted = isinstance(self.loader, ShardedDataLoader)
         thread = threading.Thread(
             target=_receive,
-            args=(batches, received, stop, counted),
+            args=(batches, received, stop, counted, move),
             name="lerobot-shards-feed",
             daemon=True,
         )
@@ -74,42 +76,18 @@ class DeviceFeed:
     def _handed(
         self, received: queue.Queue, stop: threading.Event, thread: threading.Thread
     ) -> Iterator[Any]:
-        cuda = self.device.type == "cuda"
-        side = torch.cuda.Stream(self.device) if cuda else None
-        launched: deque[tuple[Any, Any, int]] = deque()  # (on device, copy done event, samples)
-
-        def launch(block: bool) -> bool:
-            """Start copying the next received batch; False at the end (or, not blocking, when
-            none has arrived yet)."""
-            try:
-                host = received.get(block=block)
-            except queue.Empty:
-                return False
-            if host is _END:
-                received.put(_END)  # seen again by the next call
-                return False
-            if isinstance(host, BaseException):
-                raise host
-            batch, samples = host
-            if side is None:
-                launched.append((_to(batch, self.device, False), None, samples))
-                return True
-            with torch.cuda.stream(side):
-                moved = _to(batch, self.device, self.non_blocking)
-                done = torch.cuda.Event()
-                done.record(side)
-            launched.append((moved, done, samples))
-            return True
-
         try:
-            while launched or launch(block=True):
-                batch, done, samples = launched.popleft()
-                if done is not None:
+            while True:
+                got = received.get()
+                if got is _END:
+                    return
+                if isinstance(got, BaseException):
+                    raise got
+                batch, copied, samples = got
+                if copied is not None:  # the loop's stream waits for the copy, not the CPU
                     current = torch.cuda.current_stream(self.device)
-                    current.wait_event(done)
+                    current.wait_event(copied)
                     _record_stream(batch, current)
-                if not launched:
-                    launch(block=False)  # batch i+1 copies while step i runs
                 self._consumed += samples
                 yield batch
         finally:
@@ -138,13 +116,38 @@ class DeviceFeed:
         return self.loader
 
 
+class _Mover:
+    """Copies a batch to the device: on CUDA on a side stream, returning the event that marks
+    the copy done (the caller's thread is not held for it, even from pageable memory)."""
+
+    def __init__(self, device: torch.device, non_blocking: bool) -> None:
+        self.device = device
+        self.non_blocking = non_blocking
+        self.side = torch.cuda.Stream(device) if device.type == "cuda" else None
+
+    def __call__(self, batch: Any) -> tuple[Any, torch.cuda.Event | None]:
+        if self.side is None:
+            return _to(batch, self.device, False), None
+        with torch.cuda.device(self.device), torch.cuda.stream(self.side):
+            moved = _to(batch, self.device, self.non_blocking)
+            copied = torch.cuda.Event()
+            copied.record(self.side)
+        return moved, copied
+
+
 def _receive(
-    batches: Iterator[Any], received: queue.Queue, stop: threading.Event, counted: bool
+    batches: Iterator[Any],
+    received: queue.Queue,
+    stop: threading.Event,
+    counted: bool,
+    move: _Mover,
 ) -> None:
-    """Thread: take the loader's batches as they come (the DataLoader's iterator runs here)."""
+    """Thread: take the loader's batches as they come (the DataLoader's iterator runs here) and
+    start each one's copy to the device."""
     try:
         for batch in batches:
-            received.put((batch, batch_length(batch) if counted else 0))
+            samples = batch_length(batch) if counted else 0
+            received.put((*move(batch), samples))
             if stop.is_set():
                 break
     except BaseException as exc:  # handed to the loop, which raises it
