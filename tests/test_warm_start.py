@@ -1,6 +1,7 @@
 """warm_start: the next epoch's first draws fetched and decoded when a part ends change when
 work is done, never what is yielded: whole epochs with and without it are equal, item for item
-and tensor for tensor, and the warmed frames are really used."""
+and tensor for tensor, and the warmed frames are really used. ShardedDataLoader turns it on
+only where the process that ends an epoch runs the next one."""
 
 from __future__ import annotations
 
@@ -66,7 +67,19 @@ def test_a_warm_up_for_another_part_is_not_used(av1, monkeypatch):
     as_rank(monkeypatch, 0, 2)
     cold = epochs(av1, 0, 3)
     ds = ShardedLeRobotDataset(av1, buffer_size=3, seed=5, return_uint8=True)
+    ds.warm_draws = 64
     assert_same_items(list(ds), cold[0])  # epoch 0 ends: epoch 1 is warmed
     warm_start._current.done.result(timeout=60)
     ds.set_epoch(2)
     assert_same_items(list(ds), cold[2])
+
+
+@pytest.mark.parametrize(
+    ("workers", "persistent", "warm"), [(0, False, True), (2, True, True), (2, False, False)]
+)
+def test_the_loader_warms_up_only_where_its_processes_live_on(av1, workers, persistent, warm):
+    from lerobot_shards import ShardedDataLoader
+
+    ds = ShardedLeRobotDataset(av1)
+    ShardedDataLoader(ds, batch_size=4, num_workers=workers, persistent_workers=persistent)
+    assert (ds.warm_draws > 0) == warm

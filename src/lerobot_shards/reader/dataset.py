@@ -115,9 +115,10 @@ class ShardedLeRobotDataset(IterableDataset):
     """Threads fetching and demuxing admitted episodes."""
     fetch_retries = 5
     """Attempts at an episode's ranged read before it fails (transient errors back off)."""
-    warm_draws = 64
+    warm_draws = 0
     """Draws of the next epoch fetched and decoded ahead when an iterating process's part ends
-    (``warm_start.py``; 0: none)."""
+    (``warm_start.py``; 0: none). :class:`ShardedDataLoader` sets it when its workers persist
+    (or it has none): fresh workers exit at the epoch's end, and a warm-up would be lost."""
 
     def __init__(
         self,

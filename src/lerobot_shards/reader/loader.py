@@ -20,6 +20,9 @@ from torch.utils.data import DataLoader
 
 from lerobot_shards.reader.dataset import ShardedLeRobotDataset
 
+WARM_DRAWS = 64
+"""Draws of the next epoch a ``ShardedDataLoader``'s process warms up as its part ends."""
+
 
 class ShardedDataLoader(DataLoader):
     """``torch.utils.data.DataLoader`` over a :class:`ShardedLeRobotDataset`, with
@@ -28,7 +31,10 @@ class ShardedDataLoader(DataLoader):
     Takes the DataLoader's arguments (``batch_size``, ``num_workers``, ``collate_fn``,
     ``persistent_workers``, ...). Each ``iter(loader)`` runs the dataset's next epoch (or the
     rest of a loaded state's). ``state_dict()`` may be called at any point of the loop; a state
-    is refused on load, with what to do, when this loader cannot resume it exactly.
+    is refused on load, with what to do, when this loader cannot resume it exactly. With
+    persistent workers (or none), each process whose part of an epoch is spent starts fetching
+    and decoding its next epoch's first draws while the last batches drain
+    (``warm_start.py``).
     """
 
     def __init__(self, dataset: ShardedLeRobotDataset, *args: Any, **kwargs: Any) -> None:
@@ -40,6 +46,9 @@ class ShardedDataLoader(DataLoader):
         if self.batch_size is None:
             raise ValueError("ShardedDataLoader needs a batch_size (batches it can count)")
         dataset.num_workers = self.num_workers
+        # The process that ends an epoch runs the next one: it may warm it up (warm_start.py).
+        warm = self.num_workers == 0 or self.persistent_workers
+        dataset.warm_draws = WARM_DRAWS if warm else 0
         self._delivered = 0
 
     def __iter__(self) -> Iterator[Any]:
