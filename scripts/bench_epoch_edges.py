@@ -1,6 +1,11 @@
 """The edges of an epoch: time to the first batch, and the gap between batches where one epoch
 ends and the next begins, at the default ``buffer_size=64``.
 
+Last printed (docs/performance.md, AMD EPYC, 2 cores, Python 3.11.7, torch 2.13.0 (CPU), PyAV 18.1
+(`.venv`)): first batch 1.29 s (1.29, 1.27, 1.29); at epoch boundaries with persistent workers and
+the warm start, the longest gap 153, 147 and 125 ms (2.9x, 2.8x, 2.4x the median gap of 52 ms);
+with ``repeat=True`` 161-168 ms (3.1-3.2x).
+
 Data: ``bench_pool``'s ALOHA-like dataset (128 episodes of 300-500 frames, three 480x640 AV1
 cameras, GOP 2), generated and converted once under ``--cache``.
 

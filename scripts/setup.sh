@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Creates .venv (if missing) with the CPU build of torch first, then this package with its test,
-# ray and report extras.
+# ray, report and docs extras.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -13,4 +13,4 @@ fi
 # Hold torch at the installed build while resolving the rest, so nothing swaps it for a CUDA one.
 torch_version=$(.venv/bin/python -c "import torch; print(torch.__version__)")
 echo "torch==${torch_version}" > .venv/torch-constraint.txt
-.venv/bin/python -m pip install -q -e ".[test,ray,report]" -c .venv/torch-constraint.txt
+.venv/bin/python -m pip install -q -e ".[test,ray,report,docs]" -c .venv/torch-constraint.txt

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Sets up .venv if needed and runs ruff and the whole test suite; then, in LeRobot 0.6.1's own
-# environment (.venv-lerobot: Python 3.12, torch 2.11, numpy 2.2, PyAV 15), the tests of what
+# Sets up .venv if needed and runs ruff, the documentation site's strict build (mkdocs.yml) and
+# the whole test suite; then, in LeRobot 0.6.1's own environment (.venv-lerobot: Python 3.12,
+# torch 2.11, numpy 2.2, PyAV 15), the tests of what
 # LeRobot users run: golden items (v3.0 and v2.1), reader, collate, resume, checkpoints, and the
 # LeRobot tests (meta, training, the example under torchrun, lerobot-shards train with LeRobot's
 # own trainer under torchrun and accelerate launch, accelerate's re-sharding refused, the
@@ -14,6 +15,9 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
+# The documentation site: a broken link or anchor, a page left out of the nav or a public name
+# missing from the API reference fails the build.
+NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet -d build/docs-site
 LEROBOT_SHARDS_REQUIRE="ray aiohttp matplotlib" .venv/bin/python -m pytest -q "$@"
 if [ "${LEROBOT_ENV:-1}" != 0 ]; then
   started=$(date +%s)

@@ -1,10 +1,12 @@
-"""Every Python snippet of the README runs as a user pastes it: saved as a plain script (no
-``if __name__ == "__main__":`` guard), run with ``python`` in one folder, in the README's order.
+"""Every Python snippet of the README and the guides in docs/ runs as a user pastes it: saved as a
+plain script (no ``if __name__ == "__main__":`` guard), run with ``python`` in one folder, page
+after page in ``PAGES``' order, each page's snippets in its order.
 
 The folder holds what the snippets name: a LeRobot dataset at ``path/to/lerobot_dataset`` (the
-convert snippet makes ``shards/aloha`` of it), two more converted datasets for the mixture, and
-an S3 bucket ``my-bucket`` on the test's loopback server. The one edit is the S3 endpoint, the
-test server's in place of the README's example host.
+README's convert snippet makes ``shards/aloha`` of it), two more converted datasets for the
+mixture, and an S3 bucket ``my-bucket`` on the test's loopback server. The one edit is the S3
+endpoint, the test server's in place of the guide's example host. A page with Python snippets
+that is not in ``PAGES`` fails the test, so a new guide's code cannot go untested.
 """
 
 from __future__ import annotations
@@ -20,16 +22,40 @@ import pytest
 from lerobot_shards import convert
 from lerobot_shards.testing.factory import make_dataset
 
-README = Path(__file__).parent.parent / "README.md"
+ROOT = Path(__file__).parent.parent
+README = ROOT / "README.md"
+# The pages whose snippets run, in this order: the README's convert snippet makes shards/aloha.
+PAGES = [
+    "README.md",
+    "docs/converting.md",
+    "docs/streaming.md",
+    "docs/checkpoints.md",
+    "docs/mixtures.md",
+    "docs/storage.md",
+]
+# Snippets that cannot run here, by a string they hold, and why.
+NOT_RUN = {
+    'executor="ray"': "reads the Hub on a Ray cluster; tests/test_ray.py converts on Ray",
+}
 CAM_HIGH = {"observation.images.cam_high": (24, 32)}
 
 
-def python_snippets() -> list[tuple[int, str]]:
-    """(line number, code) of each ```python block of the README."""
-    text = README.read_text()
+def python_snippets(page: str) -> list[tuple[int, str]]:
+    """(line number, code) of each ```python block of a page."""
+    text = (ROOT / page).read_text()
     return [
         (text.count("\n", 0, m.start()) + 2, m.group(1))
         for m in re.finditer(r"^```python\n(.*?)^```", text, re.S | re.M)
+    ]
+
+
+def snippets_to_run() -> list[tuple[str, int, str]]:
+    """(page, line number, code) of every snippet that runs here, in order."""
+    return [
+        (page, line, code)
+        for page in PAGES
+        for line, code in python_snippets(page)
+        if not any(marker in code for marker in NOT_RUN)
     ]
 
 
@@ -47,16 +73,30 @@ def users_folder(tmp_path, s3_server) -> Path:
     return tmp_path
 
 
-def test_the_readme_has_the_snippets_this_test_prepares_for():
-    codes = [code for _, code in python_snippets()]
-    assert len(codes) == 6
+def test_the_readme_is_a_front_page():
+    assert len(README.read_bytes()) <= 10_000
+    text = README.read_text()
+    assert "bash scripts/demo.sh" in text
+    assert "bash scripts/test.sh" in text
+
+
+def test_every_page_with_python_snippets_is_run():
+    pages = ["README.md", *(str(p.relative_to(ROOT)) for p in sorted(ROOT.glob("docs/**/*.md")))]
+    assert {page for page in pages if python_snippets(page)} == set(PAGES)
+
+
+def test_the_pages_have_the_snippets_this_test_prepares_for():
+    codes = [code for _, _, code in snippets_to_run()]
+    assert len(codes) == 8
     assert 'convert("path/to/lerobot_dataset", "shards/aloha", workers=2)' in codes[0]
-    assert "https://s3.example.com" in codes[4]
+    assert sum("https://s3.example.com" in code for code in codes) == 1
+    assert sum('"ckpt.pt"' in code for code in codes) == 1
+    assert len([c for _, c in python_snippets("docs/converting.md")]) == 2  # one is Ray's
 
 
 def test_every_python_snippet_runs_as_a_plain_script(users_folder, s3_server):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    for n, (line, code) in enumerate(python_snippets()):
+    for n, (page, line, code) in enumerate(snippets_to_run()):
         if "s3://my-bucket/" in code:  # the bucket holds what the convert snippet made
             s3_server.direct_filesystem.put(
                 str(users_folder / "shards/aloha"), "my-bucket/shards/aloha", recursive=True
@@ -73,7 +113,7 @@ def test_every_python_snippet_runs_as_a_plain_script(users_folder, s3_server):
             timeout=300,
         )
         assert result.returncode == 0, (
-            f"README line {line}: the snippet failed as a script\n{code}\n{result.stderr[-3000:]}"
+            f"{page} line {line}: the snippet failed as a script\n{code}\n{result.stderr[-3000:]}"
         )
     assert (users_folder / "shards/aloha/index.json").exists()
     assert (users_folder / "ckpt.pt").exists()
