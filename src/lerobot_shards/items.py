@@ -54,10 +54,11 @@ def query_positions(
     return queries, pads
 
 
-def _decode_image(
+def decode_image(
     value: object, size: tuple[int, int] | None = None, allow_path: bool = True
 ) -> np.ndarray:
-    """PNG/JPEG bytes (LeRobot's ``image`` feature: a struct of bytes and path) to HWC uint8.
+    """PNG/JPEG bytes (LeRobot's ``image`` feature: a struct of bytes and path) to HWC uint8;
+    bytes that are no image raise ValueError, as every other lie of an image does.
 
     ``size`` (height, width): the size the features declare, checked before the pixels are
     decoded. ``allow_path``: a row naming a file instead of holding its bytes is read from
@@ -73,12 +74,15 @@ def _decode_image(
             data = f.read()
     if not isinstance(data, bytes):
         raise ValueError(f"an image holds {type(data).__name__}, not encoded bytes")
-    with Image.open(io.BytesIO(data)) as img:
-        if size is not None and (img.height, img.width) != tuple(size):
-            raise ValueError(
-                f"an image is {img.height}x{img.width}, the features say {size[0]}x{size[1]}"
-            )
-        return np.array(img.convert("RGB"))  # writable, for torch.from_numpy
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            if size is not None and (img.height, img.width) != tuple(size):
+                raise ValueError(
+                    f"an image is {img.height}x{img.width}, the features say {size[0]}x{size[1]}"
+                )
+            return np.array(img.convert("RGB"))  # writable, for torch.from_numpy
+    except (OSError, SyntaxError, Image.DecompressionBombError) as exc:  # PIL's decode errors
+        raise ValueError(f"an image does not decode: {exc}") from exc
 
 
 @dataclass
@@ -142,7 +146,7 @@ class EpisodeColumns:
         cell = self.images[name][position]
         if not isinstance(cell, torch.Tensor):
             size = self.image_sizes.get(name)
-            array = _decode_image(cell, size, allow_path=size is None)
+            array = decode_image(cell, size, allow_path=size is None)
             cell = torch.from_numpy(array).permute(2, 0, 1).contiguous()
             self.images[name][position] = cell
         return cell
