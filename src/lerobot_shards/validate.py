@@ -10,6 +10,7 @@ The reader and ``verify`` call the same checks, so they agree on what is broken.
 
 from __future__ import annotations
 
+import io
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -194,6 +195,37 @@ def _check_image_column(column: pa.ChunkedArray, key: str, where: str) -> None:
         raise FormatError(f"{where}: the rows' image {key!r} bytes are {typ.field('bytes').type}")
     if any(chunk.field("bytes").null_count for chunk in column.chunks):
         raise FormatError(f"{where}: a row of image {key!r} names a file instead of its bytes")
+
+
+def decode_image(
+    value: object, size: tuple[int, int] | None = None, allow_path: bool = True
+) -> np.ndarray:
+    """PNG/JPEG bytes (LeRobot's ``image`` feature: a struct of bytes and path) to HWC uint8;
+    bytes that are no image raise ValueError, as every other lie of an image does.
+
+    ``size`` (height, width): the size the features declare, checked before the pixels are
+    decoded. ``allow_path``: a row naming a file instead of holding its bytes is read from
+    disk (a LeRobot dataset being recorded); shards hold the bytes, and never send a reader
+    elsewhere."""
+    from PIL import Image  # here: a dataset without images never imports it
+
+    data = value["bytes"] if isinstance(value, Mapping) else value
+    if data is None and isinstance(value, Mapping) and value.get("path"):
+        if not allow_path:
+            raise ValueError(f"an image names a file ({value['path']!r}) instead of its bytes")
+        with open(value["path"], "rb") as f:
+            data = f.read()
+    if not isinstance(data, bytes):
+        raise ValueError(f"an image holds {type(data).__name__}, not encoded bytes")
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            if size is not None and (img.height, img.width) != tuple(size):
+                raise ValueError(
+                    f"an image is {img.height}x{img.width}, the features say {size[0]}x{size[1]}"
+                )
+            return np.array(img.convert("RGB"))  # writable, for torch.from_numpy
+    except (OSError, SyntaxError, Image.DecompressionBombError) as exc:  # PIL's decode errors
+        raise ValueError(f"an image does not decode: {exc}") from exc
 
 
 def check_header_matches(header: Any, row: Mapping[str, int], where: str) -> None:

@@ -38,6 +38,8 @@ from lerobot_shards.validate import (
     check_stream,
     check_tar_member,
     check_totals,
+    decode_image,
+    frame_size,
 )
 
 PERCENTILES = (0, 50, 90, 99, 100)
@@ -230,10 +232,7 @@ def verify_episode(
 
 def _image_check(rows: pa.Table, meta: Any) -> list[str]:
     """Every image of an image dataset's rows decoded as the reader decodes one
-    (``items.decode_image``: bytes, not a path, of the features' size): the first bad one."""
-    from lerobot_shards.items import decode_image
-    from lerobot_shards.validate import frame_size
-
+    (``validate.decode_image``: bytes, not a path, of the features' size): the first bad one."""
     for key in meta.image_keys:
         size = frame_size(meta.features[key])
         for position, cell in enumerate(rows.column(key).to_pylist()):

@@ -213,7 +213,7 @@ class Episode:
         task_index = int(self.columns.value("task_index", position))
         try:
             item = spec.build(self.columns, position, frames, tasks[task_index])
-        except ValueError as exc:  # an image that lies about itself (items.decode_image)
+        except ValueError as exc:  # an image that lies about itself (validate.decode_image)
             raise FormatError(f"{self.where} row {position}: {exc}") from exc
         # Typed for default_collate, whatever collate_fn the DataLoader was given (collate.py)
         return typed_item(item, spec.output_camera_keys)
