@@ -12,13 +12,14 @@ transforms applied to every camera key, and ``task`` appended last.
 
 from __future__ import annotations
 
-import io
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
 import torch
+
+from lerobot_shards.validate import decode_image
 
 
 def delta_indices(
@@ -52,33 +53,6 @@ def query_positions(
         queries[key] = np.clip(raw, 0, length - 1)
         pads[f"{key}_is_pad"] = torch.from_numpy((raw < 0) | (raw >= length))
     return queries, pads
-
-
-def _decode_image(
-    value: object, size: tuple[int, int] | None = None, allow_path: bool = True
-) -> np.ndarray:
-    """PNG/JPEG bytes (LeRobot's ``image`` feature: a struct of bytes and path) to HWC uint8.
-
-    ``size`` (height, width): the size the features declare, checked before the pixels are
-    decoded. ``allow_path``: a row naming a file instead of holding its bytes is read from
-    disk (a LeRobot dataset being recorded); shards hold the bytes, and never send a reader
-    elsewhere."""
-    from PIL import Image
-
-    data = value["bytes"] if isinstance(value, Mapping) else value
-    if data is None and isinstance(value, Mapping) and value.get("path"):
-        if not allow_path:
-            raise ValueError(f"an image names a file ({value['path']!r}) instead of its bytes")
-        with open(value["path"], "rb") as f:
-            data = f.read()
-    if not isinstance(data, bytes):
-        raise ValueError(f"an image holds {type(data).__name__}, not encoded bytes")
-    with Image.open(io.BytesIO(data)) as img:
-        if size is not None and (img.height, img.width) != tuple(size):
-            raise ValueError(
-                f"an image is {img.height}x{img.width}, the features say {size[0]}x{size[1]}"
-            )
-        return np.array(img.convert("RGB"))  # writable, for torch.from_numpy
 
 
 @dataclass
@@ -142,7 +116,7 @@ class EpisodeColumns:
         cell = self.images[name][position]
         if not isinstance(cell, torch.Tensor):
             size = self.image_sizes.get(name)
-            array = _decode_image(cell, size, allow_path=size is None)
+            array = decode_image(cell, size, allow_path=size is None)
             cell = torch.from_numpy(array).permute(2, 0, 1).contiguous()
             self.images[name][position] = cell
         return cell

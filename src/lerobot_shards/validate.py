@@ -10,6 +10,7 @@ The reader and ``verify`` call the same checks, so they agree on what is broken.
 
 from __future__ import annotations
 
+import io
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -25,6 +26,15 @@ MAX_SIDE = 16384
 SHARD_PATH = r"^shards/([A-Za-z0-9_-][A-Za-z0-9._-]*/)*[A-Za-z0-9_-][A-Za-z0-9._-]*\.tar$"
 """A shard path: relative, under ``shards/``, no ``..``, no scheme, no absolute path."""
 CHECKSUM = r"^sha256:[0-9a-f]{64}$"
+DTYPES = frozenset(
+    ["video", "image", "bool", "string", "language"]
+    + [f"float{n}" for n in (16, 32, 64)]
+    + [f"{sign}int{n}" for sign in ("", "u") for n in (8, 16, 32, 64)]
+)
+"""The feature dtypes the reader makes items of (LeRobot's); any other is refused."""
+TOLERANCE_S = 1e-4
+"""LeRobot's default ``tolerance_s``: how far a row's ``timestamp`` may be from
+``frame_index / fps`` (plus the rounding of a float32 timestamp)."""
 
 
 def integer(value: Any, where: str, name: str, minimum: int = 0, maximum: int | None = None) -> int:
@@ -99,25 +109,45 @@ def frame_size(feature: Mapping) -> tuple[int, int]:
 
 
 def check_rows(
-    table: pa.Table, features: Mapping[str, Mapping], header: Any, num_tasks: int, where: str
+    table: pa.Table,
+    features: Mapping[str, Mapping],
+    header: Any,
+    num_tasks: int,
+    where: str,
+    fps: float,
+    tolerance_s: float = TOLERANCE_S,
 ) -> None:
-    """An episode's rows hold every feature but the videos, each of its declared dtype and
-    shape, no empty values; their ``episode_index`` and ``index`` are the header's; every
-    ``task_index`` names one of the ``num_tasks`` tasks."""
+    """An episode's rows hold exactly the features but the videos (no other column), each of
+    its declared dtype and shape, no empty values, every image as bytes (not a path); their
+    ``episode_index`` and ``index`` are the header's, ``frame_index`` counts 0..length-1 and
+    ``timestamp`` is ``frame_index / fps`` within ``tolerance_s`` (items must agree with what
+    LeRobot serves, which finds video frames by timestamp); every ``task_index`` names one of
+    the ``num_tasks`` tasks. Columnar: per episode, not per row."""
     nulls = [name for name in table.column_names if table.column(name).null_count]
     if nulls:
         raise FormatError(f"{where}: the rows' {nulls} have empty values")
+    wanted = [k for k, f in features.items() if f.get("dtype") != "video"]
+    extra = [name for name in table.column_names if name not in wanted]
+    if extra:
+        raise FormatError(f"{where}: the rows have columns {extra} that are not features")
     kinds = {"float32": pa.types.is_floating, "int64": pa.types.is_integer,
              "bool": pa.types.is_boolean}  # fmt: skip
-    for key, feature in features.items():
-        if feature.get("dtype") == "video":
-            continue
+    for key in wanted:
+        feature = features[key]
         if key not in table.column_names:
             raise FormatError(f"{where}: the rows lack the feature {key!r}")
-        kind, shape = value_kind(feature, False)
-        if kind not in kinds or feature.get("dtype") == "image":
+        typ = table.schema.field(key).type
+        if feature.get("dtype") == "image":
+            _check_image_column(table.column(key), key, where)
             continue
-        typ, got = table.schema.field(key).type, []
+        if feature.get("dtype") == "string":
+            if not (pa.types.is_string(typ) or pa.types.is_large_string(typ)):
+                raise FormatError(f"{where}: the rows' {key!r} is {typ}, the features say string")
+            continue
+        kind, shape = value_kind(feature, False)
+        if kind not in kinds:
+            continue
+        got = []
         while pa.types.is_fixed_size_list(typ):
             got.append(typ.list_size)
             typ = typ.value_type
@@ -126,17 +156,88 @@ def check_rows(
                 f"{where}: the rows' {key!r} is {table.schema.field(key).type} per row, the "
                 f"features say {kind} of shape {shape}"
             )
+    positions = np.arange(table.num_rows)
     expected = {
         "episode_index": np.full(table.num_rows, header.episode_index),
         "index": np.arange(header.dataset_from_index, header.dataset_to_index),
+        "frame_index": positions,
     }
     for key, want in expected.items():
         got = table.column(key).to_numpy() if key in table.column_names else None
         if got is None or got.shape != want.shape or not np.array_equal(got, want):
             raise FormatError(f"{where}: the rows' {key!r} is not the header's")
+    got = table.column("timestamp").to_numpy() if "timestamp" in table.column_names else None
+    want = positions / fps
+    if got is None or got.shape != want.shape or not np.issubdtype(got.dtype, np.floating):
+        raise FormatError(f"{where}: the rows' 'timestamp' is not one number per row")
+    # a float32 timestamp is rounded to 24 bits: a long episode's are that far off, no further
+    off = np.abs(got.astype(np.float64) - want) > tolerance_s + np.abs(want) * 2.0**-23
+    if off.any():
+        row = int(np.flatnonzero(off)[0])
+        raise FormatError(
+            f"{where}: row {row}'s timestamp is {float(got[row])!r}, not frame_index / fps = "
+            f"{want[row]!r} (within tolerance_s={tolerance_s})"
+        )
     tasks = table.column("task_index").to_numpy() if "task_index" in table.column_names else None
     if tasks is None or tasks.ndim != 1 or tasks.min() < 0 or tasks.max() >= num_tasks:
         raise FormatError(f"{where}: a task_index is not one of the {num_tasks} tasks")
+
+
+def _check_image_column(column: pa.ChunkedArray, key: str, where: str) -> None:
+    """An image feature's rows each hold encoded bytes (LeRobot's struct of bytes and path):
+    a row that names a file would send the reader outside the dataset."""
+    typ = column.type
+    if not pa.types.is_struct(typ) or typ.get_field_index("bytes") < 0:
+        raise FormatError(f"{where}: the rows' image {key!r} is {typ}, not a struct with bytes")
+    if not pa.types.is_binary(typ.field("bytes").type) and not pa.types.is_large_binary(
+        typ.field("bytes").type
+    ):
+        raise FormatError(f"{where}: the rows' image {key!r} bytes are {typ.field('bytes').type}")
+    if any(chunk.field("bytes").null_count for chunk in column.chunks):
+        raise FormatError(f"{where}: a row of image {key!r} names a file instead of its bytes")
+
+
+def decode_image(
+    value: object, size: tuple[int, int] | None = None, allow_path: bool = True
+) -> np.ndarray:
+    """PNG/JPEG bytes (LeRobot's ``image`` feature: a struct of bytes and path) to HWC uint8;
+    bytes that are no image raise ValueError, as every other lie of an image does.
+
+    ``size`` (height, width): the size the features declare, checked before the pixels are
+    decoded. ``allow_path``: a row naming a file instead of holding its bytes is read from
+    disk (a LeRobot dataset being recorded); shards hold the bytes, and never send a reader
+    elsewhere."""
+    from PIL import Image  # here: a dataset without images never imports it
+
+    data = value["bytes"] if isinstance(value, Mapping) else value
+    if data is None and isinstance(value, Mapping) and value.get("path"):
+        if not allow_path:
+            raise ValueError(f"an image names a file ({value['path']!r}) instead of its bytes")
+        with open(value["path"], "rb") as f:
+            data = f.read()
+    if not isinstance(data, bytes):
+        raise ValueError(f"an image holds {type(data).__name__}, not encoded bytes")
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            if size is not None and (img.height, img.width) != tuple(size):
+                raise ValueError(
+                    f"an image is {img.height}x{img.width}, the features say {size[0]}x{size[1]}"
+                )
+            return np.array(img.convert("RGB"))  # writable, for torch.from_numpy
+    except (OSError, SyntaxError, Image.DecompressionBombError) as exc:  # PIL's decode errors
+        raise ValueError(f"an image does not decode: {exc}") from exc
+
+
+def check_header_matches(header: Any, row: Mapping[str, int], where: str) -> None:
+    """An episode's header states the episode, length and global index range its manifest
+    row (``episode_index``, ``length``, ``dataset_from_index``) does."""
+    said = (header.episode_index, header.length, header.dataset_from_index)
+    listed = (row["episode_index"], row["length"], row["dataset_from_index"])
+    if said != listed:
+        raise FormatError(
+            f"{where}: the header says episode {said[0]} of {said[1]} frames from index "
+            f"{said[2]}, the manifest episode {listed[0]} of {listed[1]} from {listed[2]}"
+        )
 
 
 def check_camera(camera: Any, feature: Mapping, length: int, key: str, where: str) -> None:
@@ -153,13 +254,61 @@ def check_camera(camera: Any, feature: Mapping, length: int, key: str, where: st
             f"{where}: camera {key}: the header says {camera.height}x{camera.width}, "
             f"the features {height}x{width}"
         )
+    info = feature.get("info") if isinstance(feature.get("info"), Mapping) else {}
+    declared = {"codec": info.get("video.codec"), "pix_fmt": info.get("video.pix_fmt")}
+    said = {"codec": camera.codec, "pix_fmt": camera.pix_fmt}
+    for name, value in declared.items():
+        if value is not None and _canonical(name, value) != _canonical(name, said[name]):
+            raise FormatError(
+                f"{where}: camera {key}: the header says {name} {said[name]!r}, info.json {value!r}"
+            )
+
+
+def check_stream(context: Any, camera: Any, where: str) -> None:
+    """A camera's mp4, as its demuxer reports it (``context``: PyAV's codec context of its
+    stream), is of the size, codec and pixel format its header says: a video in another codec
+    or pixel format decodes to other pixels than the ones LeRobot serves. Checked before any
+    frame is decoded."""
+    if context is None:
+        raise FormatError(f"{where}: video does not decode: no codec")
+    coded = (context.height, context.width)
+    if coded != (camera.height, camera.width):
+        raise FormatError(
+            f"{where}: the video is {coded[0]}x{coded[1]}, its header and the features say "
+            f"{camera.height}x{camera.width}"
+        )
+    codec, pix_fmt = context.codec.canonical_name, context.pix_fmt or ""
+    if _canonical("codec", camera.codec) != codec:
+        raise FormatError(f"{where}: the video is {codec}, its header says {camera.codec}")
+    if pix_fmt != camera.pix_fmt:
+        raise FormatError(
+            f"{where}: the video's pixel format is {pix_fmt or 'unknown'}, its header says "
+            f"{camera.pix_fmt or 'unknown'}"
+        )
+
+
+def _canonical(name: str, value: Any) -> Any:
+    """A codec by its canonical name (``libsvtav1`` and ``libdav1d`` are ``av1``, as PyAV
+    names them); any other value as it is."""
+    if name != "codec" or not isinstance(value, str):
+        return value
+    import av
+
+    for mode in ("r", "w"):
+        try:
+            return av.Codec(value, mode).canonical_name
+        except (av.error.FFmpegError, ValueError):  # PyAV: UnknownCodecError is a ValueError
+            continue
+    return value
 
 
 def check_features(features: Any, where: str) -> dict[str, dict]:
     """``features`` as ``info.json`` has them: each a dtype and a shape of positive ints."""
     for key, feature in mapping(features, where, "features").items():
         feature = mapping(feature, where, f"feature {key!r}")
-        text(feature.get("dtype"), where, f"feature {key!r} dtype")
+        dtype = text(feature.get("dtype"), where, f"feature {key!r} dtype")
+        if dtype not in DTYPES:
+            raise FormatError(f"{where}: feature {key!r} has dtype {dtype!r}, not one of LeRobot's")
         shape = feature.get("shape")
         if not isinstance(shape, list | tuple) or not shape:
             raise FormatError(f"{where}: feature {key!r} shape must be a list, got {shape!r}")
@@ -202,18 +351,23 @@ def check_manifest(table: pa.Table, where: str) -> pa.Table:
     stops = table.column("dataset_to_index").to_numpy()
     offsets = table.column("offset").to_numpy()
     sizes = table.column("size").to_numpy()
+    shards = table.column("shard")
 
     def refuse(bad: np.ndarray, problem: str) -> None:
         if bad.any():
             row = int(np.flatnonzero(bad)[0])
-            raise FormatError(f"{where}: episode {int(episodes[row])} (row {row}): {problem}")
+            raise FormatError(
+                f"{where}: episode {int(episodes[row])} (row {row}, shard "
+                f"{shards[row].as_py()!r}): {problem}"
+            )
 
     refuse(episodes < 0, "negative episode_index")
     refuse(np.append(False, np.diff(episodes) <= 0), "episodes are not sorted and unique")
     refuse(lengths < 1, "length must be at least 1")
     refuse((starts < 0) | (stops - starts != lengths), "dataset_to_index - from_index != length")
+    overlap = np.append(False, starts[1:] < stops[:-1])
+    refuse(overlap, "its index range overlaps the previous episode's, or comes before it")
     refuse((offsets < 0) | (sizes < 1), "negative offset or empty span")
-    shards = table.column("shard")
     refuse(~pc.match_substring_regex(shards, SHARD_PATH).to_numpy(zero_copy_only=False),
            "shard path is not a relative path under shards/")  # fmt: skip
     refuse(~pc.match_substring_regex(table.column("checksum"), CHECKSUM).to_numpy(
@@ -245,6 +399,64 @@ def check_totals(index: Any, manifest: pa.Table, where: str) -> None:
             raise FormatError(
                 f"{where}: index.json {name}={getattr(index, name)}, manifest: {value}"
             )
+
+
+def check_ranges(manifest: pa.Table, info: Mapping[str, Any], where: str) -> None:
+    """The manifest's global index ranges (disjoint and in episode order: :func:`check_manifest`)
+    lie within the source's ``total_frames`` (``info.json``); where the manifest holds as many
+    episodes as the source, they hold its ``total_frames``, so they tile ``[0, total_frames)``
+    as LeRobot numbers them, with no gap."""
+    total_frames, total_episodes = info.get("total_frames"), info.get("total_episodes")
+    if total_frames is None:
+        return
+    total_frames = integer(total_frames, where, "total_frames")
+    stops = manifest.column("dataset_to_index").to_numpy()
+    episodes = manifest.column("episode_index").to_numpy()
+    shards = manifest.column("shard")
+    past = np.flatnonzero(stops > total_frames)
+    if len(past):
+        row = int(past[0])
+        raise FormatError(
+            f"{where}: episode {int(episodes[row])} (row {row}, shard {shards[row].as_py()!r}): "
+            f"its index range ends at {int(stops[row])}, past info.json's {total_frames} frames"
+        )
+    frames = int(pc.sum(manifest.column("length")).as_py() or 0)
+    if total_episodes == manifest.num_rows and frames != total_frames:
+        raise FormatError(
+            f"{where}: info.json says {total_episodes} episodes of {total_frames} frames; the "
+            f"manifest's {manifest.num_rows} episodes hold {frames}: their index ranges leave gaps"
+        )
+
+
+def check_stats(stats: Any, features: Mapping[str, Mapping], where: str) -> dict[str, Any]:
+    """``meta/stats.json`` as numpy arrays (LeRobot's ``cast_stats_to_numpy``), each a
+    rectangular array of numbers of its feature's shape: ``count`` one number, a camera's
+    stats one per channel (``(C, 1, 1)``), any other the feature's shape."""
+    out: dict[str, Any] = {}
+    for key, feature_stats in mapping(stats, where, "stats").items():
+        feature_stats = mapping(feature_stats, where, f"stats of {key!r}")
+        feature = features.get(key)
+        shape = None
+        if feature is not None:
+            if feature.get("dtype") in ("video", "image"):
+                shape = (value_kind(feature, False)[1][0], 1, 1)
+            else:
+                shape = tuple(feature.get("shape", ()))
+        out[key] = {}
+        for name, value in feature_stats.items():
+            try:
+                array = np.array(value, dtype=np.float64)
+            except (ValueError, TypeError) as exc:
+                raise FormatError(
+                    f"{where}: stat {name!r} of {key!r} is not an array of numbers: {exc}"
+                ) from exc
+            want = (1,) if name == "count" else shape
+            if want is not None and array.shape != want:
+                raise FormatError(
+                    f"{where}: stat {name!r} of {key!r} has shape {array.shape}, the feature {want}"
+                )
+            out[key][name] = np.array(value)
+    return out
 
 
 def check_tasks(indices: list[Any], where: str) -> None:

@@ -31,7 +31,16 @@ from lerobot_shards.format import (
     rows_member,
     video_member,
 )
-from lerobot_shards.validate import check_camera, check_rows, check_tar_member, check_totals
+from lerobot_shards.validate import (
+    check_camera,
+    check_header_matches,
+    check_rows,
+    check_stream,
+    check_tar_member,
+    check_totals,
+    decode_image,
+    frame_size,
+)
 
 PERCENTILES = (0, 50, 90, 99, 100)
 
@@ -197,25 +206,23 @@ def verify_episode(
         return [str(exc)]
     if any(key not in header.cameras for key in video_keys):
         return [f"header lacks cameras of {video_keys}"]
-    if (header.episode_index, header.length) != (row.episode_index, row.length):
-        problems.append(
-            f"header says episode {header.episode_index} with {header.length} frames, "
-            f"the manifest episode {row.episode_index} with {row.length}"
-        )
     where = f"{shard} (episode {row.episode_index})"
     try:
+        check_header_matches(header, vars(row), where)
         for member in row.members:
             check_tar_member(data, member.offset - row.offset, member.size, member.name, where)
         rows = pq.read_table(io.BytesIO(members[expected[1]]))
         if rows.num_rows != row.length:
             return [f"{expected[1]}: {rows.num_rows} rows, expected {row.length}"]
-        check_rows(rows, meta.features, header, len(meta.task_names), where)
+        check_rows(rows, meta.features, header, len(meta.task_names), where, meta.fps)
         for key in video_keys:
             check_camera(header.cameras[key], meta.features[key], row.length, key, where)
     except FormatError as exc:
         return [str(exc)]
     except (pa.ArrowException, OSError) as exc:
         return [f"{expected[1]}: rows do not parse: {exc}"]
+    if deep:
+        problems += _image_check(rows, meta)
     for key in video_keys:
         cam = header.cameras[key]
         name = video_member(row.episode_index, key)
@@ -223,16 +230,29 @@ def verify_episode(
     return problems
 
 
+def _image_check(rows: pa.Table, meta: Any) -> list[str]:
+    """Every image of an image dataset's rows decoded as the reader decodes one
+    (``validate.decode_image``: bytes, not a path, of the features' size): the first bad one."""
+    for key in meta.image_keys:
+        size = frame_size(meta.features[key])
+        for position, cell in enumerate(rows.column(key).to_pylist()):
+            try:
+                decode_image(cell, size, allow_path=False)
+            except ValueError as exc:
+                return [f"image {key!r} of row {position}: {exc}"]
+    return []
+
+
 def _video_check(data: bytes, camera: Any, deep: bool) -> list[str]:
-    """The mp4's size and packets as its header says (as the reader demuxes it); with
-    ``deep``, every frame decoded and counted."""
+    """The mp4's size, codec, pixel format and packets as its header says (as the reader
+    demuxes it); with ``deep``, every frame decoded and counted."""
     try:
         with av.open(io.BytesIO(data), mode="r", format="mp4") as container:
             stream = container.streams.video[0]
-            context = stream.codec_context
-            if context is None or (context.height, context.width) != (camera.height, camera.width):
-                size = "no codec" if context is None else f"{context.height}x{context.width}"
-                return [f"the video is {size}, its header says {camera.height}x{camera.width}"]
+            try:
+                check_stream(stream.codec_context, camera, "the video")
+            except FormatError as exc:
+                return [str(exc)]
             packets = sum(1 for p in container.demux(stream) if p.size)
             if packets != camera.frames:
                 return [f"holds {packets} packets, its header says {camera.frames} frames"]

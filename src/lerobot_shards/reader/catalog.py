@@ -115,6 +115,7 @@ class Member:
         if unknown:
             raise ValueError(f"delta_timestamps keys {unknown} are not features of {self.root}")
         resolved = {own_key[key]: value for key, value in deltas.items()}
+        self.tolerance_s = options.tolerance_s
         self.spec = ItemSpec(
             video_keys=[k for k in self.meta.video_keys if key_map.get(k, k) is not None],
             image_keys=list(self.meta.image_keys),
@@ -146,10 +147,13 @@ class Member:
             selection.members(episode),
             episode_index=episode,
             length=selection.length(episode),
+            dataset_from_index=selection.start(episode),
             shard=span.path,
             spec=self.spec,
             features=self.meta.features,
             num_tasks=len(self.meta.task_names),
+            fps=self.meta.fps,
+            tolerance_s=self.tolerance_s,
             backend=backend,
         )
 

@@ -38,10 +38,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from lerobot_shards.format import FormatError
+from lerobot_shards.format import CameraHeader, FormatError
 from lerobot_shards.reader.mapped import release
 from lerobot_shards.reader.rgb24 import to_rgb24
 from lerobot_shards.reader.trace import COUNTERS
+from lerobot_shards.validate import check_stream
 
 BACKENDS = ("pyav", "torchcodec")
 
@@ -64,8 +65,9 @@ class Video:
     Holds no decoded frames and no copy of the bytes: ``data`` (a view into the episode's fetched
     bytes) plus a few numbers per packet. The mp4 holds ``skip_frames`` leading frames to drop,
     then exactly ``length`` frames of the episode, then ``tail_frames`` to drop (references of
-    the episode's last B-frames); any other count is a :class:`DecodeError` naming ``where``,
-    raised here, on admission.
+    the episode's last B-frames); any other count, and a stream of another size, codec or
+    pixel format than its header's ``camera`` says, is a :class:`DecodeError` naming
+    ``where``, raised here, on admission.
     """
 
     def __init__(
@@ -75,7 +77,7 @@ class Video:
         length: int,
         skip_frames: int = 0,
         tail_frames: int = 0,
-        size: tuple[int, int] | None = None,
+        camera: CameraHeader | None = None,
         backend: str = "pyav",
         where: str = "video",
     ) -> None:
@@ -94,12 +96,11 @@ class Video:
                 stream = container.streams.video[0]
                 if stream.codec_context is None:
                     raise DecodeError(f"{where}: video does not decode: no codec")
-                coded = (stream.codec_context.height, stream.codec_context.width)
-                if size is not None and coded != tuple(size):
-                    raise DecodeError(  # before any frame is decoded: no large allocation
-                        f"{where}: the video is {coded[0]}x{coded[1]}, its header and the "
-                        f"features say {size[0]}x{size[1]}"
-                    )
+                if camera is not None:  # before any frame is decoded: no large allocation
+                    try:
+                        check_stream(stream.codec_context, camera, where)
+                    except FormatError as exc:
+                        raise DecodeError(str(exc)) from None
                 self.codec = stream.codec_context.codec.name
                 # one decoded frame as rgb24: what the frame cache counts a held frame as
                 self.frame_bytes = stream.codec_context.width * stream.codec_context.height * 3

@@ -36,7 +36,14 @@ from lerobot_shards.reader.decode import Video
 from lerobot_shards.reader.frame_cache import FrameCache, Key, Pending
 from lerobot_shards.reader.mapped import release
 from lerobot_shards.reader.rgb24 import to_rgb24, write_rgb24
-from lerobot_shards.validate import check_camera, check_rows, check_tar_member, frame_size
+from lerobot_shards.validate import (
+    TOLERANCE_S,
+    check_camera,
+    check_header_matches,
+    check_rows,
+    check_tar_member,
+    frame_size,
+)
 
 
 def frame_nbytes(frame: torch.Tensor | av.VideoFrame) -> int:
@@ -206,7 +213,7 @@ class Episode:
         task_index = int(self.columns.value("task_index", position))
         try:
             item = spec.build(self.columns, position, frames, tasks[task_index])
-        except ValueError as exc:  # an image that lies about itself (items._decode_image)
+        except ValueError as exc:  # an image that lies about itself (validate.decode_image)
             raise FormatError(f"{self.where} row {position}: {exc}") from exc
         # Typed for default_collate, whatever collate_fn the DataLoader was given (collate.py)
         return typed_item(item, spec.output_camera_keys)
@@ -218,18 +225,22 @@ def load_episode(
     *,
     episode_index: int,
     length: int,
+    dataset_from_index: int,
     shard: str,
     spec: ItemSpec,
     features: Mapping[str, Mapping],
     num_tasks: int,
+    fps: float,
+    tolerance_s: float = TOLERANCE_S,
     backend: str = "pyav",
 ) -> Episode:
     """Split an episode's bytes into members, parse its rows and demux its videos (no decoding).
 
     ``members`` maps member names to ``(offset within data, size)`` (``format.member_spans``).
-    Everything is checked against the dataset's ``features`` and its ``num_tasks`` tasks
-    before it is used (``validate.py`` says why). Before drawing, :meth:`Episode.attach` the
-    stream's frame cache.
+    Everything is checked against the manifest's row (``episode_index``, ``length``,
+    ``dataset_from_index``), the dataset's ``features``, its ``num_tasks`` tasks and its
+    ``fps`` (``tolerance_s`` for the rows' timestamps) before it is used (``validate.py``
+    says why). Before drawing, :meth:`Episode.attach` the stream's frame cache.
     """
     where = f"{shard} (episode {episode_index})"
 
@@ -248,18 +259,15 @@ def load_episode(
     header = EpisodeHeader.from_json(
         bytes(member(header_member(episode_index))), where=f"{where} header"
     )
-    if header.episode_index != episode_index or header.length != length:
-        raise FormatError(
-            f"{where}: header says episode {header.episode_index} of {header.length} frames, "
-            f"the manifest says episode {episode_index} of {length}"
-        )
+    listed = {"episode_index": episode_index, "length": length}
+    check_header_matches(header, {**listed, "dataset_from_index": dataset_from_index}, where)
     try:
         table = pq.read_table(pa.BufferReader(member(rows_member(episode_index))))
     except (pa.ArrowException, OSError) as exc:
         raise FormatError(f"{where}: rows parquet does not parse: {exc}") from exc
     if table.num_rows != length:
         raise FormatError(f"{where}: rows parquet has {table.num_rows} rows, expected {length}")
-    check_rows(table, features, header, num_tasks, where)
+    check_rows(table, features, header, num_tasks, where, fps, tolerance_s)
     sizes = {key: frame_size(features[key]) for key in spec.image_keys}
     columns = EpisodeColumns.from_table(table, spec.image_keys, sizes)
 
@@ -274,7 +282,7 @@ def load_episode(
             length=length,
             skip_frames=camera.skip_frames,
             tail_frames=camera.tail_frames,
-            size=(camera.height, camera.width),
+            camera=camera,
             backend=backend,
             where=f"{where} camera {key}",
         )

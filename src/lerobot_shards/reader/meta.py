@@ -26,7 +26,7 @@ from lerobot_shards.format import (
     read_whole,
 )
 from lerobot_shards.reader.fetch import Span
-from lerobot_shards.validate import check_tasks
+from lerobot_shards.validate import check_ranges, check_stats, check_tasks
 
 LANGUAGE_COLUMNS = ("language_persistent", "language_events")
 """The columns that make LeRobot's training loop collate with ``lerobot_collate_fn``."""
@@ -111,8 +111,9 @@ class DatasetMeta(_FeatureViews):
         self.video_keys: list[str] = list(index.video_keys)
         self.camera_keys: list[str] = list(index.camera_keys)
         self.image_keys: list[str] = [k for k in self.camera_keys if k not in self.video_keys]
-        self.stats = None if stats is None else _as_arrays(stats)
-        """Per feature, per statistic: numpy arrays, as LeRobot loads ``meta/stats.json``."""
+        self.stats = stats
+        """Per feature, per statistic: numpy arrays, as LeRobot loads ``meta/stats.json``
+        (``validate.check_stats``)."""
         self.task_names = task_names
         """Task string by ``task_index``."""
         self.total_frames: int = index.total_frames
@@ -197,13 +198,6 @@ class DatasetMeta(_FeatureViews):
         )
 
 
-def _as_arrays(stats: Any) -> Any:
-    """Every list of numbers in ``stats`` as a numpy array (LeRobot's ``cast_stats_to_numpy``)."""
-    if isinstance(stats, dict):
-        return {key: _as_arrays(value) for key, value in stats.items()}
-    return np.array(stats)
-
-
 def read_meta(
     fs: fsspec.AbstractFileSystem, path: str, index: DatasetIndex, manifest: pa.Table, root: str
 ) -> DatasetMeta:
@@ -244,10 +238,14 @@ def read_meta(
         raise FormatError(
             f"{join(path, INFO_FILE)}: its features or fps differ from {join(path, INDEX_FILE)}'s"
         )
+    check_ranges(manifest, info, join(path, INFO_FILE))
     tasks = [""] * len(indices)
     for i, task in zip(indices, table.column("task").to_pylist(), strict=True):
         tasks[i] = task
-    return DatasetMeta(info, index, read_json(STATS_FILE, False), tasks, manifest, root)
+    stats = read_json(STATS_FILE, False)
+    if stats is not None:
+        stats = check_stats(stats, info.get("features", index.features), join(path, STATS_FILE))
+    return DatasetMeta(info, index, stats, tasks, manifest, root)
 
 
 class Selection:
@@ -263,6 +261,7 @@ class Selection:
         self.lengths = table.column("length").to_numpy()
         self.sizes = table.column("size").to_numpy()
         self._offsets = table.column("offset").to_numpy()
+        self._starts = table.column("dataset_from_index").to_numpy()
         self._shards = table.column("shard").to_pylist()
         self._checksums = table.column("checksum").to_pylist()
         self._row_of = {int(e): i for i, e in enumerate(self.episodes.tolist())}
@@ -335,6 +334,10 @@ class Selection:
     def length(self, episode: int) -> int:
         """Frames of ``episode``."""
         return int(self.lengths[self._row_of[episode]])
+
+    def start(self, episode: int) -> int:
+        """The global index of ``episode``'s first frame (its ``dataset_from_index``)."""
+        return int(self._starts[self._row_of[episode]])
 
 
 class MixtureMeta(_FeatureViews):

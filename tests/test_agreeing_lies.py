@@ -1,0 +1,299 @@
+"""Lies that agree with each other, image datasets and the other files (issue 36, sections 2
+and 3): a converted dataset whose files tell the same lie everywhere they state a fact, every
+checksum recomputed (``support/mutate.py``), so that no file contradicts another byte for byte.
+Each is refused by the reader with a ``FormatError`` naming the dataset, the shard and the
+episode, and reported by ``verify --deep``: global index ranges against each other, the rows'
+columns against the features, ``frame_index`` and ``timestamp`` against the row's position and
+the fps, an image dataset's images, ``meta/stats.json``, and a video in another codec or pixel
+format than its header says."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from pathlib import Path
+
+import av
+import numpy as np
+import pyarrow as pa
+import pytest
+from support.mutate import Parts, black_mp4, put_together, take_apart
+
+from lerobot_shards import ShardedLeRobotDataset
+from lerobot_shards.converter.check import verify_dataset
+from lerobot_shards.format import STATS_FILE, FormatError, shard_path, video_member
+
+CAM = "observation.images.cam_high"
+ANY = "any episode"
+
+
+@pytest.fixture(scope="module")
+def parts(av1: Path) -> Parts:
+    return take_apart(av1)
+
+
+@pytest.fixture(scope="module")
+def image_parts(shards) -> Parts:
+    return take_apart(shards("image"))
+
+
+def refused(root: Path, episode: int | str | None, *match: str) -> str:
+    """The reader's error over a whole epoch, naming the dataset, the shard and the episode
+    (when the lie is in one) and each of ``match``; verify --deep reports a problem with each
+    of ``match`` in it too."""
+    with pytest.raises(FormatError) as error:
+        list(ShardedLeRobotDataset(str(root)))
+    message = str(error.value)
+    assert str(root) in message, message
+    if episode == ANY:  # the lie is in every episode: the first one fetched is named
+        found = re.search(r"\(episode (\d+)\)", message)
+        assert found, message
+        episode = int(found[1])
+    if episode is not None:
+        assert f"episode {episode}" in message, message
+        assert shard_path(episode) in message, message
+    for text in match:
+        assert text in message, message
+    problems = [str(p) for p in verify_dataset(str(root), deep=True)]
+    assert problems, "verify --deep passed a dataset the reader refuses"
+    assert any(all(text in p for text in match) for p in problems), problems
+    return message
+
+
+def set_column(parts: Parts, row: int, name: str, values: list | pa.Array) -> None:
+    table = parts.table(row)
+    column = values if isinstance(values, pa.Array) else pa.array(values, table[name].type)
+    parts.set_table(row, table.set_column(table.schema.get_field_index(name), name, column))
+
+
+def move_episode(parts: Parts, row: int, start: int) -> tuple:
+    """Episode ``row``'s global range moved to start at ``start`` in its header and rows;
+    returns the manifest edit that moves it there too (the same lie in all three)."""
+    header = parts.header(row)
+    length = header["length"]
+    header.update(dataset_from_index=start, dataset_to_index=start + length)
+    parts.set_header(row, header)
+    set_column(parts, row, "index", list(range(start, start + length)))
+
+    def edit(rows: list[dict]) -> None:
+        rows[row].update(dataset_from_index=start, dataset_to_index=start + length)
+
+    return edit
+
+
+# ---------------------------------------------------------------- global against global
+
+
+def test_header_and_rows_that_both_claim_another_episodes_indices(parts, tmp_path):
+    lie = parts.copy()
+    move_episode(lie, 1, 0)  # the manifest still says where episode 1 is
+    put_together(lie, tmp_path / "d")
+    refused(tmp_path / "d", 1, "from index 0")
+
+
+def test_manifest_header_and_rows_that_overlap_another_episode(parts, tmp_path):
+    lie = parts.copy()
+    start = parts.rows[1]["dataset_from_index"]  # episode 2 claims episode 1's first index
+    put_together(lie, tmp_path / "d", edit_rows=move_episode(lie, 2, start))
+    refused(tmp_path / "d", 2, "overlaps")
+
+
+def test_a_gap_that_info_json_makes_room_for(parts, tmp_path):
+    lie = parts.copy()
+    lie.info["total_frames"] += 1  # room for a gap before the last episode, moved up one
+    last = len(parts.rows) - 1
+    start = parts.rows[last]["dataset_from_index"] + 1
+    put_together(lie, tmp_path / "d", edit_rows=move_episode(lie, last, start))
+    refused(tmp_path / "d", None, "gaps")
+
+
+def test_ranges_past_the_sources_frames(parts, tmp_path):
+    lie = parts.copy()
+    last = len(parts.rows) - 1
+    start = parts.rows[last]["dataset_from_index"] + 1000
+    put_together(lie, tmp_path / "d", edit_rows=move_episode(lie, last, start))
+    refused(tmp_path / "d", last, "past info.json")
+
+
+@pytest.mark.parametrize("column", ["frame_index", "timestamp"])
+def test_frame_index_or_timestamp_off_by_one_frame(parts, tmp_path, column):
+    lie = parts.copy()
+    table = lie.table(3)
+    if column == "frame_index":
+        set_column(lie, 3, column, [i + 1 for i in range(table.num_rows)])
+    else:  # every row one frame later: consistent steps, the wrong clock
+        set_column(lie, 3, column, [(i + 1) / 10 for i in range(table.num_rows)])
+    put_together(lie, tmp_path / "d")
+    refused(tmp_path / "d", 3, column)
+
+
+def test_timestamps_within_tolerance_are_read(parts, tmp_path):
+    lie = parts.copy()
+    table = lie.table(3)
+    set_column(lie, 3, "timestamp", [i / 10 + 5e-5 for i in range(table.num_rows)])
+    put_together(lie, tmp_path / "d")
+    assert verify_dataset(str(tmp_path / "d"), deep=True) == []
+    assert len(list(ShardedLeRobotDataset(str(tmp_path / "d")))) == sum(
+        r["length"] for r in parts.rows
+    )
+
+
+# ---------------------------------------------------------------- rows against the features
+
+
+def both_features(parts: Parts, edit) -> Parts:
+    lie = parts.copy()
+    edit(lie.index["features"])
+    edit(lie.info["features"])
+    return lie
+
+
+def test_a_feature_removed_from_index_and_info_that_the_rows_still_hold(parts, tmp_path):
+    lie = both_features(parts, lambda features: features.pop("action"))
+    put_together(lie, tmp_path / "d")
+    refused(tmp_path / "d", ANY, "action", "not features")
+
+
+def test_a_float_feature_typed_string_in_index_and_info(parts, tmp_path):
+    def edit(features):
+        features["observation.state"]["dtype"] = "string"
+
+    put_together(both_features(parts, edit), tmp_path / "d")
+    refused(tmp_path / "d", ANY, "observation.state", "string")
+
+
+def test_a_dtype_the_reader_cannot_make(parts, tmp_path):
+    def edit(features):
+        features["action"]["dtype"] = "complex64"
+
+    put_together(both_features(parts, edit), tmp_path / "d")
+    refused(tmp_path / "d", None, "complex64")
+
+
+# ---------------------------------------------------------------- meta/stats.json
+
+
+def with_stats(parts: Parts, edit) -> Parts:
+    lie = parts.copy()
+    stats = json.loads(lie.others[STATS_FILE])
+    edit(stats)
+    lie.others[STATS_FILE] = json.dumps(stats).encode()
+    return lie
+
+
+def test_ragged_stats(parts, tmp_path):
+    def edit(stats):
+        stats[CAM]["mean"] = [[[0.5]], [[0.5], [0.1]], [[0.5]]]
+
+    put_together(with_stats(parts, edit), tmp_path / "d")
+    refused(tmp_path / "d", None, "stats.json", "mean", CAM)
+
+
+def test_stats_of_the_wrong_length(parts, tmp_path):
+    def edit(stats):
+        stats["action"]["std"] = stats["action"]["std"][:3]
+
+    put_together(with_stats(parts, edit), tmp_path / "d")
+    refused(tmp_path / "d", None, "stats.json", "std", "action")
+
+
+# ---------------------------------------------------------------- videos: codec, pixel format
+
+
+def encoded(codec: str, pix_fmt: str, width: int, height: int, frames: int) -> bytes:
+    """An mp4 of ``frames`` grey frames in ``codec`` and ``pix_fmt``, one keyframe per two
+    frames, no B-frames."""
+    out = io.BytesIO()
+    with av.open(out, "w", format="mp4") as container:
+        stream = container.add_stream(codec, rate=10, options={"g": "2", "bf": "0"})
+        stream.width, stream.height, stream.pix_fmt = width, height, pix_fmt
+        for _ in range(frames):
+            image = np.full((height, width, 3), 128, np.uint8)
+            for packet in stream.encode(av.VideoFrame.from_ndarray(image, "rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("make", ["mpeg4", "h264"])
+def test_a_video_in_another_codec(parts, tmp_path, make):
+    lie = parts.copy()
+    header = lie.header(2)["cameras"][CAM]
+    width, height, frames = header["width"], header["height"], header["frames"]
+    if make == "mpeg4":
+        data = black_mp4(width, height, frames)
+    else:
+        data = encoded("libx264", "yuv420p", width, height, frames)
+    lie.set_member(2, video_member(2, CAM), data)
+    put_together(lie, tmp_path / "d")
+    refused(tmp_path / "d", 2, f"the video is {make}")
+
+
+def test_a_video_in_another_pixel_format(parts, tmp_path):
+    """Header and info.json say h264 (so the codec agrees); the mp4 is yuv444p, not yuv420p."""
+    lie = parts.copy()
+    for features in (lie.index["features"], lie.info["features"]):
+        features[CAM]["info"]["video.codec"] = "h264"
+    for row in range(len(lie.rows)):
+        header = lie.header(row)
+        header["cameras"][CAM]["codec"] = "h264"
+        camera, length = header["cameras"][CAM], header["length"]
+        pix_fmt = "yuv444p" if row == 2 else "yuv420p"
+        data = encoded("libx264", pix_fmt, camera["width"], camera["height"], length)
+        camera.update(frames=length, skip_frames=0, tail_frames=0)
+        lie.set_header(row, header)
+        lie.set_member(row, video_member(lie.rows[row]["episode_index"], CAM), data)
+    put_together(lie, tmp_path / "d")
+    refused(tmp_path / "d", 2, "yuv444p")
+
+
+def test_a_header_codec_that_contradicts_info_json(parts, tmp_path):
+    lie = parts.copy()
+    header = lie.header(4)
+    header["cameras"][CAM]["codec"] = "h264"
+    lie.set_header(4, header)
+    put_together(lie, tmp_path / "d")
+    refused(tmp_path / "d", 4, "codec")
+
+
+# ---------------------------------------------------------------- image datasets
+
+
+def set_image(parts: Parts, row: int, position: int, cell: dict) -> None:
+    table = parts.table(row)
+    cells = table[CAM].to_pylist()
+    cells[position] = cell
+    set_column(parts, row, CAM, pa.array(cells, table[CAM].type))
+
+
+def png(width: int, height: int) -> bytes:
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (width, height)).save(out, format="png")
+    return out.getvalue()
+
+
+def test_image_parts_put_together_read_as_the_original(shards, image_parts, tmp_path):
+    put_together(image_parts.copy(), tmp_path / "same")
+    assert verify_dataset(str(tmp_path / "same"), deep=True) == []
+    ours = [int(i["index"]) for i in ShardedLeRobotDataset(str(tmp_path / "same"), seed=1)]
+    assert ours == [int(i["index"]) for i in ShardedLeRobotDataset(str(shards("image")), seed=1)]
+
+
+@pytest.mark.parametrize(
+    ("cell", "match"),
+    [
+        ({"bytes": b"\x89PNG not really" * 20, "path": None}, "does not decode"),
+        ({"bytes": png(40, 56), "path": None}, "56x40"),  # width and height swapped
+        ({"bytes": None, "path": "/etc/hostname"}, "names a file"),
+    ],
+    ids=["garbage", "wrong size", "a path"],
+)
+def test_a_lying_image(image_parts, tmp_path, cell, match):
+    lie = image_parts.copy()
+    set_image(lie, 3, 2, cell)
+    put_together(lie, tmp_path / "d")
+    refused(tmp_path / "d", 3, match)
