@@ -1,9 +1,10 @@
 """Shared fixtures: the golden LeRobot datasets (v3.0 by LeRobot 0.6.1, v2.1 by LeRobot 0.3.3)
-and throwaway copies of datasets."""
+and throwaway copies of datasets; hypothesis's profiles."""
 
 from __future__ import annotations
 
 import multiprocessing
+import os
 import shutil
 import uuid
 from collections.abc import Callable, Iterator
@@ -12,6 +13,24 @@ from typing import TYPE_CHECKING
 
 import fsspec
 import pytest
+from hypothesis import HealthCheck, settings
+
+# Property tests: in CI (the environment variable CI set, not to 0 or false: .ci/run sets it,
+# as CI services do) the examples are derandomized, so a run is the same on every push and a
+# failure the same on a rerun, with no example database carried over; elsewhere they are random,
+# to find new cases. Either way a failure prints the @reproduce_failure blob that replays it. A
+# test's own @settings (its max_examples; the fuzz's derandomize and database) win over these.
+settings.register_profile(
+    "ci",
+    derandomize=True,
+    database=None,
+    print_blob=True,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],  # a loaded CI machine is slow, not wrong
+)
+# From hypothesis's defaults, not from whatever profile is loaded (its own "ci", where CI is set).
+settings.register_profile("dev", settings.get_profile("default"), print_blob=True, deadline=None)
+settings.load_profile("ci" if os.environ.get("CI", "").lower() not in ("", "0", "false") else "dev")
 
 if TYPE_CHECKING:
     from support.s3 import S3Bucket, S3Server

@@ -50,6 +50,13 @@ cameras (measured 33-37 MB; 60-70 MB at three 480x640). At two 240x320 cameras a
 frame cache grew 146-159 MB: 3-4 batches of 12.9 MB per worker, 5 MB of pool, and up to 38 MB a
 worker."""
 
+DECODE_THREADS = 0
+"""Pinned: the bounds were measured on 2 cores, where 2 workers get no decode threads (the
+default shares the physical cores out over the workers, none when there are no more cores than
+workers, ``stream.decode_thread_count``). On 16 cores each worker would get 8, each holding the
+GOPs it decodes ahead (``decode_ahead`` draws) and a decoder of its own: memory the working
+memory figure above does not count, so the same bound would mean something else there."""
+
 BACK = {"observation.images.a": [-0.5, -0.4, -0.3, -0.2, -0.1, 0.0]}
 """Items that also show camera a's last half second (15 frames back at 30 fps): a decoded frame
 is wanted again by later draws of its episode, so the frame cache has frames to hold."""
@@ -77,8 +84,10 @@ def converted(root: Path, **dataset: Any) -> Path:
 
 
 def epoch(shards: Path, *args: str, **options) -> dict:
-    """One epoch through ``memory_epoch.py`` in a fresh process; ``grown`` is the peak of the
-    tree's data PSS above its baseline while the epoch's batches are delivered."""
+    """One epoch through ``memory_epoch.py`` in a fresh process, with ``DECODE_THREADS``;
+    ``grown`` is the peak of the tree's data PSS above its baseline while the epoch's batches
+    are delivered."""
+    options = {"decode_threads": DECODE_THREADS, **options}
     out = subprocess.run(
         [sys.executable, str(SCRIPT), str(shards), json.dumps(options), *args],
         capture_output=True,

@@ -1,19 +1,25 @@
 """warm_start: the next epoch's first draws fetched and decoded when a part ends change when
 work is done, never what is yielded: whole epochs with and without it are equal, item for item
-and tensor for tensor, and the warmed frames are really used. ShardedDataLoader turns it on
-only where the process that ends an epoch runs the next one."""
+and tensor for tensor, and the warmed frames are really used. A warm-up is claimed only by the
+very dataset, settings and part it was made for: another dataset of the same layout, or the same
+one under other options, reads cold. ShardedDataLoader turns it on only where the process that
+ends an epoch runs the next one."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from test_elastic_resume import as_rank
 
-from lerobot_shards import ShardedLeRobotDataset
+import lerobot_shards
+from lerobot_shards import DatasetRoot, ShardedLeRobotDataset
 from lerobot_shards.reader import stream, warm_start
+from lerobot_shards.testing import content, factory
 
 
 def epochs(root, warm_draws: int, count: int, golden_delta_timestamps=None):
+    warm_start.discard()  # an earlier test's warm-up is no part of this reference
     ds = ShardedLeRobotDataset(
         root, buffer_size=3, seed=5, return_uint8=True, delta_timestamps=golden_delta_timestamps
     )
@@ -37,20 +43,28 @@ def assert_same_items(got: list[dict], want: list[dict]) -> None:
                 assert a[key] == b[key], key
 
 
+_REAL_CLAIM = warm_start.claim
+
+
+def warmed_frames(monkeypatch) -> list[int]:
+    """Records, for each stream that starts, how many warmed frames it claimed."""
+    claimed: list[int] = []
+
+    def counting_claim(*args):
+        pieces = _REAL_CLAIM(*args)
+        claimed.append(sum(len(c.warm) for e, _ in pieces.values() for c in e.cameras.values()))
+        return pieces
+
+    monkeypatch.setattr(stream.warm_start, "claim", counting_claim)
+    return claimed
+
+
 @pytest.mark.parametrize("deltas", [False, True])
 def test_warmed_epochs_equal_cold_ones_and_use_the_warmed_frames(
     av1, monkeypatch, golden_delta_timestamps, deltas
 ):
     as_rank(monkeypatch, 0, 1)
-    claimed: list[int] = []
-    real_claim = warm_start.claim
-
-    def counting_claim(part):
-        pieces = real_claim(part)
-        claimed.append(sum(len(c.warm) for e, _ in pieces.values() for c in e.cameras.values()))
-        return pieces
-
-    monkeypatch.setattr(stream.warm_start, "claim", counting_claim)
+    claimed = warmed_frames(monkeypatch)
     timestamps = golden_delta_timestamps if deltas else None
     warm = epochs(av1, 64, 3, timestamps)
     assert claimed[0] == 0 and all(n > 0 for n in claimed[1:])  # epochs 1 and 2 were warmed
@@ -83,3 +97,120 @@ def test_the_loader_warms_up_only_where_its_processes_live_on(av1, workers, pers
     ds = ShardedLeRobotDataset(av1)
     ShardedDataLoader(ds, batch_size=4, num_workers=workers, persistent_workers=persistent)
     assert (ds.warm_draws > 0) == warm
+
+
+def _action_plus_1000(episode: int, frame: int) -> np.ndarray:
+    return content.action_value(episode, frame) + np.float32(1000)
+
+
+@pytest.fixture(scope="module")
+def twins(tmp_path_factory) -> tuple[str, str]:
+    """Two converted datasets of the same episode layout (the factory's 74 frames in 6
+    episodes) whose actions and frames differ."""
+    base = tmp_path_factory.mktemp("twins")
+    a = factory.make_dataset(base / "a")
+    with pytest.MonkeyPatch.context() as mp:  # the factory's stats follow the rows it writes
+        mp.setattr(factory, "action_value", _action_plus_1000)
+        b = factory.make_dataset(base / "b", content="realistic")
+    out = []
+    for src in (a, b):
+        dest = base / f"{src.name}-shards"
+        lerobot_shards.convert(str(src), str(dest), workers=0, progress=False)
+        out.append(str(dest))
+    return out[0], out[1]
+
+
+def test_another_dataset_of_the_same_layout_does_not_claim_the_warm_up(twins, monkeypatch):
+    """A's epoch 1 is warmed as its epoch 0 ends; B, read at epoch 1 in the same process (a
+    validation loader beside a training one, say), yields its own items, not A's."""
+    as_rank(monkeypatch, 0, 1)
+    a, b = twins
+    cold_a, cold_b = epochs(a, 0, 2)[1], epochs(b, 0, 2)[1]
+    pairs = zip(cold_a, cold_b, strict=True)
+    assert not any(torch.equal(x["action"], y["action"]) for x, y in pairs)
+    assert not torch.equal(
+        cold_a[0]["observation.images.cam_high"], cold_b[0]["observation.images.cam_high"]
+    )
+    claimed = warmed_frames(monkeypatch)
+    ds_a = ShardedLeRobotDataset(a, buffer_size=3, seed=5, return_uint8=True)
+    ds_a.warm_draws = 64
+    list(ds_a)  # epoch 0 ends: epoch 1 is warmed
+    warm_start._current.done.result(timeout=60)
+    ds_b = ShardedLeRobotDataset(b, buffer_size=3, seed=5, return_uint8=True)
+    ds_b.set_epoch(1)
+    assert_same_items(list(ds_b), cold_b)
+    assert claimed == [0, 0]
+
+
+def _flip(frames: torch.Tensor) -> torch.Tensor:
+    return torch.flip(frames, dims=[-1])
+
+
+BASE = {"buffer_size": 3, "seed": 5, "return_uint8": True}
+OTHER_SETTINGS = {
+    "delta_timestamps": {"delta_timestamps": {"action": [0.0, 0.1], "observation.state": [-0.1]}},
+    "return_uint8": {"return_uint8": False},
+    "image_transforms": {"image_transforms": _flip},
+    "tolerance_s": {"tolerance_s": 0.02},
+    "seed": {"seed": 6},
+    "buffer_size": {"buffer_size": 2},
+    "episodes": {"episodes": [0, 2, 3, 4, 5]},
+    "key_map": {"root": "key_map"},
+    "mixture": {"root": "mixture"},
+    "weights": {"root": "mixture", "weights": [3.0, 1.0]},
+}
+
+
+def _dataset(root: str, settings: dict) -> ShardedLeRobotDataset:
+    settings = {**BASE, **settings}
+    kind = settings.pop("root", None)
+    if kind == "key_map":
+        return ShardedLeRobotDataset(DatasetRoot(root, key_map={"action": "act"}), **settings)
+    if kind == "mixture":
+        return ShardedLeRobotDataset([root, root], **settings)
+    return ShardedLeRobotDataset(root, **settings)
+
+
+@pytest.mark.parametrize("setting", sorted(OTHER_SETTINGS))
+def test_a_warm_up_is_not_claimed_under_other_settings(av1, monkeypatch, setting):
+    """Each option that shapes an item or the order: a dataset opened with it does not claim
+    the warm-up made by one opened without it (nor the other way round), and reads exactly what
+    a cold reader of its settings reads."""
+    as_rank(monkeypatch, 0, 1)
+    settings = OTHER_SETTINGS[setting]
+    if setting == "weights":
+        pairs = [({"root": "mixture"}, settings), (settings, {"root": "mixture"})]
+    else:
+        pairs = [({}, settings), (settings, {})]
+    for made, claiming in pairs:
+        warm_start.discard()
+        cold = _dataset(str(av1), claiming)
+        cold.set_epoch(1)
+        want = list(cold)
+        claimed = warmed_frames(monkeypatch)
+        warmer = _dataset(str(av1), made)
+        warmer.warm_draws = 64
+        list(warmer)  # epoch 0 ends: epoch 1 is warmed
+        warm_start._current.done.result(timeout=60)
+        ds = _dataset(str(av1), claiming)
+        ds.set_epoch(1)
+        assert_same_items(list(ds), want)
+        assert claimed == [0, 0], (made, claiming)
+
+
+def test_the_same_dataset_under_a_changed_setting_does_not_claim_its_warm_up(av1, monkeypatch):
+    """The very dataset object, its seed changed between epochs: the warm-up made under the old
+    one is dropped."""
+    as_rank(monkeypatch, 0, 1)
+    warm_start.discard()
+    cold = _dataset(str(av1), {"seed": 6})
+    cold.set_epoch(1)
+    want = list(cold)
+    claimed = warmed_frames(monkeypatch)
+    ds = _dataset(str(av1), {})
+    ds.warm_draws = 64
+    list(ds)
+    warm_start._current.done.result(timeout=60)
+    ds.seed = 6
+    assert_same_items(list(ds), want)
+    assert claimed == [0, 0]

@@ -9,7 +9,13 @@ arithmetic is checked apart, over any interleaving of the workers' starts."""
 from __future__ import annotations
 
 import copy
+import json
+import os
 import pickle
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -27,8 +33,12 @@ BATCH = 5
 WORKERS = 2
 
 
+DATASET_OPTIONS = {"buffer_size": 3, "seed": 3}
+PLAIN_LOADER_EPOCHS = Path(__file__).parent / "support" / "plain_loader_epochs.py"
+
+
 def dataset(root) -> ShardedLeRobotDataset:
-    return ShardedLeRobotDataset(root, buffer_size=3, seed=3)
+    return ShardedLeRobotDataset(root, **DATASET_OPTIONS)
 
 
 def order(loader) -> list[int]:
@@ -64,11 +74,34 @@ def reference(av1) -> list[list[int]]:
     return [order(loader) for _ in range(3)]
 
 
+def fresh_process_orders(root, start: str, epochs: int) -> list[list[int]]:
+    """``epochs`` iterations of a plain DataLoader over ``dataset(root)``, its fresh workers
+    started by ``start``, in a process of its own (``support/plain_loader_epochs.py`` says
+    why); killed, and the test failed, if it hangs."""
+    options = json.dumps(DATASET_OPTIONS)
+    args = [str(root), start, str(epochs), str(BATCH), str(WORKERS), options]
+    proc = subprocess.Popen(
+        [sys.executable, str(PLAIN_LOADER_EPOCHS), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,  # its workers too are killed if it hangs
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        _, stderr = proc.communicate()
+        pytest.fail(f"the DataLoader hung:\n{stderr.decode()[-3000:]}")
+    assert proc.returncode == 0, stderr.decode()[-3000:]
+    return json.loads(stdout.decode().strip().splitlines()[-1])
+
+
 @pytest.mark.parametrize("start", ["fork", "forkserver"])
 def test_plain_dataloader_runs_the_next_epoch_each_iteration(av1, reference, start):
+    """Three iterations of one plain DataLoader, its fresh workers forked (the Linux default:
+    the dataset copied without pickling) or from a forkserver, run epochs 0, 1 and 2."""
     ds = dataset(av1)
-    loader = DataLoader(ds, batch_size=BATCH, num_workers=WORKERS, multiprocessing_context=start)
-    orders = [order(loader) for _ in range(3)]
+    orders = fresh_process_orders(av1, start, 3)
     for stream in orders:
         assert_exact(ds, stream)
     assert orders == reference

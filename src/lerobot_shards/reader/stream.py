@@ -89,7 +89,8 @@ def stream_part(
     (and, with ``trace``, where the time goes: ``trace.py``). When the part ends, the part
     ``next_part()`` returns (the next epoch's) is warmed up (``warm_start.py``)."""
     from_cache_before = stats["frames_from_cache"]
-    warmed = warm_start.claim(part)  # what the last part's end prepared for this one
+    # what the last part's end prepared for this very stream (another's is dropped)
+    warmed = warm_start.claim(part, catalog, ordering, options.backend)
     if cursor.offset:  # a resumed part: its first draws are not the ones warmed
         warmed = {}
     if part.num_samples == 0 or cursor.offset >= part.num_samples:
@@ -224,9 +225,8 @@ def stream_part(
                 next_part,
                 ordering,
                 catalog,
-                lambda member, episode: member.fetch(
-                    episode, options.backend, options.fetch_retries
-                ),
+                options.backend,
+                options.fetch_retries,
                 options.warm_draws,
                 fetch_order,
             )

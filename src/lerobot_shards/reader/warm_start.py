@@ -6,9 +6,12 @@ decodes its first batch while the training loop waits (3-6 times the usual gap b
 ``scripts/bench_epoch_edges.py``). A worker whose part is spent knows its next epoch's part (the
 plan is a pure function of the seed, the epoch and the layout), so :func:`begin` fetches the
 episodes of that part's first draws and decodes their frames on a thread right away, while the
-last batches drain. The next stream :func:`claim`\\ s them if its part is that part from its
-start; anything else leaves them unused. A frame decodes to the same pixels wherever it is
-decoded, so this moves work earlier and never changes what is yielded.
+last batches drain. The next stream :func:`claim`\\ s them only if it is the very stream they
+were made for: the same :class:`Catalog` object (the dataset's datasets, selections and item
+options; another dataset of the same layout has its own, and its items would come from the
+wrong bytes and spec), the same ordering and video backend, and the same part (every field),
+from its start; anything else leaves them unused. A frame decodes to the same pixels wherever
+it is decoded, so this moves work earlier and never changes what is yielded.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -31,6 +34,10 @@ from lerobot_shards.reader.plan import Draws
 @dataclass
 class _Warm:
     pid: int
+    catalog: Catalog
+    """Held, so no other catalog can take its identity while the warm-up waits."""
+    ordering: Ordering
+    backend: str
     part: Part | None
     """The part warmed (None until the thread has computed it)."""
     stop: threading.Event
@@ -44,17 +51,23 @@ def begin(
     next_part: Callable[[], Part],
     ordering: Ordering,
     catalog: Catalog,
-    fetch: Callable[[Member, int], Episode],
+    backend: str,
+    retries: int,
     draws: int,
     order: Callable[[Any], Any],
 ) -> None:
     """Start warming the part ``next_part()`` returns: its first ``draws`` draws' episodes
-    fetched (``fetch(member, episode)``) and frames decoded, on a daemon thread. ``order`` is the
-    stream's ``fetch_order`` (the plan's events as the stream sees them)."""
+    fetched from ``catalog`` (with ``backend`` and ``retries``) and frames decoded, on a daemon
+    thread. ``order`` is the stream's ``fetch_order`` (the plan's events as the stream sees
+    them)."""
     global _current
     discard()
-    warm = _Warm(os.getpid(), None, threading.Event(), Future())
+    warm = _Warm(os.getpid(), catalog, ordering, backend, None, threading.Event(), Future())
     _current = warm
+
+    def fetch(member: Member, episode: int) -> Episode:
+        return member.fetch(episode, backend, retries)
+
     threading.Thread(
         target=_run,
         args=(warm, next_part, ordering, catalog, fetch, draws, order),
@@ -63,16 +76,25 @@ def begin(
     ).start()
 
 
-def claim(part: Part) -> dict[int, tuple[Episode, Member]]:
+def claim(
+    part: Part, catalog: Catalog, ordering: Ordering, backend: str
+) -> dict[int, tuple[Episode, Member]]:
     """The warmed pieces of ``part`` (episodes with their first draws' frames decoded), if the
-    warm-up was for ``part``; else nothing. Stops the warm-up where it is."""
+    warm-up was made for ``part`` of this very ``catalog`` under ``ordering`` and ``backend``;
+    else nothing. Stops the warm-up where it is."""
     global _current
     warm, _current = _current, None
     if warm is None or warm.pid != os.getpid():
         return {}
     warm.stop.set()
     episodes = warm.done.result()
-    if warm.part is None or not _same(warm.part, part):
+    if (
+        warm.catalog is not catalog
+        or warm.ordering != ordering
+        or warm.backend != backend
+        or warm.part is None
+        or not _same(warm.part, part)
+    ):
         return {}
     return episodes
 
@@ -86,12 +108,16 @@ def discard() -> None:
 
 
 def _same(a: Part, b: Part) -> bool:
-    return (
-        a.epoch == b.epoch
-        and np.array_equal(a.episodes, b.episodes)
-        and np.array_equal(a.starts, b.starts)
-        and np.array_equal(a.stops, b.stops)
-    )
+    """Every field that defines a part equal (its epoch, pieces, positions, entropy, samples)."""
+    return all(_equal(getattr(a, f.name), getattr(b, f.name)) for f in fields(Part) if f.init)
+
+
+def _equal(a: Any, b: Any) -> bool:
+    if isinstance(a, tuple) and isinstance(b, tuple):
+        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and np.array_equal(a, b)
+    return a == b
 
 
 def _run(
