@@ -43,9 +43,10 @@ from _bench_common import CAMERAS_2X480X640, DONE, cached_dataset, machine_line
 
 from lerobot_shards import convert
 from lerobot_shards.converter.job import read_records
-from lerobot_shards.format import MANIFEST_FILE, read_index, read_manifest, write_manifest
+from lerobot_shards.format import MANIFEST_FILE, write_manifest
 from lerobot_shards.format import manifest_rows as to_rows
 from lerobot_shards.testing.aggregate import make_aggregated_dataset
+from lerobot_shards.validate import read_index, read_manifest
 
 MB = 1e6
 CLI = [str(Path(sys.executable).with_name("lerobot-shards"))]

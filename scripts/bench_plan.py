@@ -30,7 +30,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from lerobot_shards.format import MANIFEST_SCHEMA, read_manifest, shard_path
+from lerobot_shards.format import MANIFEST_SCHEMA, shard_path
 from lerobot_shards.reader.partition import split_parts
 from lerobot_shards.reader.plan import (
     READER_GROUP,
@@ -38,6 +38,7 @@ from lerobot_shards.reader.plan import (
     iter_reference_draws,
     plan_part,
 )
+from lerobot_shards.validate import read_manifest
 
 
 def machine() -> str:

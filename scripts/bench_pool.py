@@ -53,8 +53,9 @@ import torch
 from _bench_common import cached_conversion, cached_dataset, machine_line
 from torch.utils.data import DataLoader
 
-from lerobot_shards.format import MANIFEST_FILE, read_manifest
+from lerobot_shards.format import MANIFEST_FILE
 from lerobot_shards.testing.memory import PeakMemory
+from lerobot_shards.validate import read_manifest
 
 GB = 1e9
 CAM = (480, 640)

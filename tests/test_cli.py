@@ -27,13 +27,12 @@ from lerobot_shards.format import (
     checksum,
     episode_key,
     manifest_rows,
-    read_index,
-    read_manifest,
     shard_path,
     video_member,
     write_manifest,
 )
 from lerobot_shards.testing.factory import make_dataset
+from lerobot_shards.validate import read_index, read_manifest
 
 CLI = [sys.executable, "-m", "lerobot_shards.cli"]
 

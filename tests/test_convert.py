@@ -23,18 +23,16 @@ from lerobot_shards.converter.run import ConvertError
 from lerobot_shards.format import (
     INDEX_FILE,
     MANIFEST_FILE,
-    EpisodeHeader,
     episode_key,
     header_member,
     manifest_rows,
-    read_index,
-    read_manifest,
     rows_member,
     shard_path,
     video_member,
 )
 from lerobot_shards.source import LeRobotSource, open_source
 from lerobot_shards.testing.factory import make_dataset
+from lerobot_shards.validate import parse_header, read_index, read_manifest
 
 # --------------------------------------------------------------------------------------------
 # helpers
@@ -196,7 +194,7 @@ def test_round_trip(name: str, sources: dict[str, Path], tmp_path: Path):
         assert rows_table.schema.equals(source_rows.schema, check_metadata=True)
         assert rows_table.equals(source_rows)
 
-        header = EpisodeHeader.from_json(contents[header_member(i)])
+        header = parse_header(contents[header_member(i)])
         assert (header.episode_index, header.length, header.tasks) == (i, ep.length, ep.tasks)
         assert list(header.cameras) == src.video_keys
         for key, cam in header.cameras.items():

@@ -30,11 +30,11 @@ from lerobot_shards.format import (
     ManifestRow,
     Member,
     manifest_rows,
-    read_manifest,
     shard_path,
     write_manifest,
 )
 from lerobot_shards.testing.factory import make_dataset
+from lerobot_shards.validate import read_manifest
 
 CLI = [sys.executable, "-m", "lerobot_shards.cli"]
 EPISODES = 1000

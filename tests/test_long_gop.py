@@ -28,6 +28,7 @@ from lerobot_shards.format import EpisodeHeader, header_member, shard_path, vide
 from lerobot_shards.source import LeRobotSource
 from lerobot_shards.testing import video as vid
 from lerobot_shards.testing.factory import DEFAULT_CAMERAS, make_dataset
+from lerobot_shards.validate import parse_header
 
 LENGTHS = (23, 41, 17, 50)
 FRAMES = sum(LENGTHS)
@@ -58,7 +59,7 @@ def converted(recording: Path) -> Path:
 
 
 def headers(dest: Path) -> list[EpisodeHeader]:
-    return [EpisodeHeader.from_json(raw) for raw in raw_headers(dest)]
+    return [parse_header(raw) for raw in raw_headers(dest)]
 
 
 def raw_headers(dest: Path) -> list[bytes]:

@@ -11,9 +11,10 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
 from lerobot_shards import ShardedLeRobotDataset
-from lerobot_shards.format import MANIFEST_FILE, read_manifest
+from lerobot_shards.format import MANIFEST_FILE
 from lerobot_shards.reader.partition import split_parts
 from lerobot_shards.reader.plan import Draws, plan_part
+from lerobot_shards.validate import read_manifest
 
 BATCH = 32
 

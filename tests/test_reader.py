@@ -21,13 +21,13 @@ from lerobot_shards.format import (
     MANIFEST_FILE,
     checksum,
     manifest_rows,
-    read_manifest,
     shard_path,
     video_member,
     write_manifest,
 )
 from lerobot_shards.reader.elastic import consumed_per_worker
 from lerobot_shards.source import LeRobotSource
+from lerobot_shards.validate import read_manifest
 
 AV1 = "av1_multifile"
 FRAMES = 74

@@ -21,14 +21,9 @@ from support.s3 import S3Bucket, S3Server
 import lerobot_shards
 from lerobot_shards import ShardedLeRobotDataset
 from lerobot_shards.converter.check import verify_dataset
-from lerobot_shards.format import (
-    INDEX_FILE,
-    MANIFEST_FILE,
-    manifest_rows,
-    read_manifest,
-    shard_path,
-)
+from lerobot_shards.format import INDEX_FILE, MANIFEST_FILE, manifest_rows, shard_path
 from lerobot_shards.testing.factory import make_dataset
+from lerobot_shards.validate import read_manifest
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -13,9 +13,10 @@ from click.testing import CliRunner
 
 from lerobot_shards import convert
 from lerobot_shards.cli import main
-from lerobot_shards.format import MANIFEST_FILE, read_manifest
+from lerobot_shards.format import MANIFEST_FILE
 from lerobot_shards.reader.partition import split_parts
 from lerobot_shards.reader.throughput import stream
+from lerobot_shards.validate import read_manifest
 
 CLI = [sys.executable, "-m", "lerobot_shards.cli", "stream"]
 FRAMES = 74  # av1_multifile: episodes of 12, 1, 30, 9, 17 and 5 frames

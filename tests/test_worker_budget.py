@@ -12,7 +12,8 @@ import pytest
 from torch.utils.data import DataLoader
 
 from lerobot_shards import ShardedLeRobotDataset, SmallPoolWarning
-from lerobot_shards.format import MANIFEST_FILE, read_manifest
+from lerobot_shards.format import MANIFEST_FILE
+from lerobot_shards.validate import read_manifest
 
 FRAMES = 74
 MB = 10**6

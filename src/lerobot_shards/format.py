@@ -2,7 +2,8 @@
 
 Everything both sides must agree on lives here and only here: file names, member names inside
 an episode's tar, the manifest schema, ``index.json`` and the checksum. The converter writes
-what this module describes; the reader reads it. Neither imports the other.
+what this module describes; the reader reads it. Neither imports the other. Reading a file
+back checks every field (``validate.py``, which builds on this module, never the reverse).
 """
 
 from __future__ import annotations
@@ -121,20 +122,6 @@ class EpisodeHeader:
         plain = {**vars(self), "cameras": cameras}
         return json.dumps(plain, sort_keys=True).encode()
 
-    @classmethod
-    def from_json(cls, data: bytes | str, where: str = "episode header") -> EpisodeHeader:
-        """Parse a header, every field checked (``validate.check_header``)."""
-        from lerobot_shards.validate import check_header
-
-        try:
-            raw = check_header(json.loads(data), where)
-            cameras = {k: CameraHeader(**v) for k, v in raw.pop("cameras").items()}
-            return cls(**raw, cameras=cameras)
-        except (ValueError, TypeError) as exc:
-            if isinstance(exc, FormatError):
-                raise
-            raise FormatError(f"{where}: not a valid episode header: {exc}") from exc
-
 
 # --------------------------------------------------------------------------------------------
 # manifest.parquet
@@ -216,24 +203,6 @@ def read_whole(fs: fsspec.AbstractFileSystem, path: str) -> bytes:
     return fs.cat_file(path, start=0)
 
 
-def read_manifest(fs: fsspec.AbstractFileSystem, path: str) -> pa.Table:
-    """Read and validate ``manifest.parquet`` (columnar: a million episodes load in about 1 s).
-
-    One whole-file read: on object storage that is one GET, where parquet's own reader asks for
-    the footer and the columns apart (it matters when a mixture opens hundreds of manifests)."""
-    data = read_whole(fs, path)  # outside the try: a failed read is not a bad manifest
-    try:
-        table = pq.read_table(pa.BufferReader(data))
-    except Exception as exc:
-        raise FormatError(f"{path}: manifest does not parse: {exc}") from exc
-    missing = [n for n in MANIFEST_SCHEMA.names if n not in table.column_names]
-    if missing:
-        raise FormatError(f"{path}: manifest lacks columns {missing}")
-    from lerobot_shards.validate import check_manifest
-
-    return check_manifest(table, path)
-
-
 def manifest_rows(table: pa.Table) -> list[ManifestRow]:
     """Row objects of a manifest table (for the converter and tools; the reader stays columnar)."""
     out = []
@@ -276,53 +245,6 @@ class DatasetIndex:
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self), indent=2, sort_keys=True).encode()
-
-    @classmethod
-    def from_json(cls, data: bytes | str, where: str = INDEX_FILE) -> DatasetIndex:
-        try:
-            raw = json.loads(data)
-        except ValueError as exc:
-            raise FormatError(f"{where}: not JSON: {exc}") from exc
-        if not isinstance(raw, dict) or raw.get("format") != FORMAT_NAME:
-            got = raw.get("format") if isinstance(raw, dict) else type(raw).__name__
-            raise FormatError(f"{where}: unknown format {got!r}, expected {FORMAT_NAME!r}")
-        from lerobot_shards import validate as check
-
-        version = check.integer(raw.get("format_version"), where, "format_version", minimum=1)
-        if version > FORMAT_VERSION:
-            raise FormatError(
-                f"{where}: format version {version!r} is newer than this reader supports "
-                f"({FORMAT_VERSION}); upgrade lerobot-shards"
-            )
-        known = {f for f in cls.__dataclass_fields__}
-        try:
-            index = cls(**{k: v for k, v in raw.items() if k in known})
-        except TypeError as exc:
-            raise FormatError(f"{where}: incomplete index: {exc}") from exc
-        check.text(index.codebase_version, where, "codebase_version")
-        check.number(index.fps, where, "fps")
-        check.check_features(index.features, where)
-        for name in ("total_episodes", "total_frames", "total_bytes"):
-            check.integer(getattr(index, name), where, name)
-        check.text(index.writer_version, where, "writer_version")
-        check.text(index.manifest_checksum, where, "manifest_checksum")
-        check.texts(index.camera_keys, where, "camera_keys")
-        check.texts(index.video_keys, where, "video_keys")
-        check.check_camera_keys(index.features, index.camera_keys, index.video_keys, where)
-        return index
-
-
-def read_index(fs: fsspec.AbstractFileSystem, root: str) -> DatasetIndex:
-    """Read ``index.json`` of a converted dataset, with a clear error if it is not one."""
-    path = join(root, INDEX_FILE)
-    try:
-        data = read_whole(fs, path)
-    except FileNotFoundError as exc:
-        raise FormatError(
-            f"{path} not found: {root} is not a finished lerobot-shards dataset "
-            "(convert it first, or rerun an interrupted conversion)"
-        ) from exc
-    return DatasetIndex.from_json(data, where=path)
 
 
 def manifest_fingerprint(table: pa.Table) -> str:

@@ -26,8 +26,6 @@ from lerobot_shards.format import (
     header_member,
     join,
     manifest_rows,
-    read_index,
-    read_manifest,
     rows_member,
     video_member,
 )
@@ -40,6 +38,9 @@ from lerobot_shards.validate import (
     check_totals,
     decode_image,
     frame_size,
+    parse_header,
+    read_index,
+    read_manifest,
 )
 
 PERCENTILES = (0, 50, 90, 99, 100)
@@ -128,7 +129,7 @@ def _percentiles(values: np.ndarray) -> dict[str, int]:
 def _read_header(fs: fsspec.AbstractFileSystem, root: str, row: ManifestRow) -> EpisodeHeader:
     member = next(m for m in row.members if m.name == header_member(row.episode_index))
     data = fs.cat_file(join(root, row.shard), start=member.offset, end=member.offset + member.size)
-    return EpisodeHeader.from_json(data, where=f"{row.shard}:{member.name}")
+    return parse_header(data, where=f"{row.shard}:{member.name}")
 
 
 def verify_dataset(
@@ -201,7 +202,7 @@ def verify_episode(
         m.name: data[m.offset - row.offset : m.offset - row.offset + m.size] for m in row.members
     }
     try:
-        header = EpisodeHeader.from_json(members[expected[0]], where=expected[0])
+        header = parse_header(members[expected[0]], where=expected[0])
     except FormatError as exc:
         return [str(exc)]
     if any(key not in header.cameras for key in video_keys):

@@ -19,12 +19,11 @@ from dataclasses import dataclass, field
 import fsspec
 import numpy as np
 
-from lerobot_shards.format import read_index
 from lerobot_shards.items import ItemSpec, delta_indices
 from lerobot_shards.reader.episode import Episode, load_episode
 from lerobot_shards.reader.fetch import RetryingReads, read_span
 from lerobot_shards.reader.meta import DatasetMeta, Selection, read_meta
-from lerobot_shards.validate import check_totals
+from lerobot_shards.validate import check_totals, read_index
 
 OPEN_THREADS = 32
 """Members opened at once (their small metadata files are read concurrently)."""

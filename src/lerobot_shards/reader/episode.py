@@ -24,7 +24,6 @@ import pyarrow.parquet as pq
 import torch
 
 from lerobot_shards.format import (
-    EpisodeHeader,
     FormatError,
     header_member,
     rows_member,
@@ -43,6 +42,7 @@ from lerobot_shards.validate import (
     check_rows,
     check_tar_member,
     frame_size,
+    parse_header,
 )
 
 
@@ -256,9 +256,7 @@ def load_episode(
         check_tar_member(data, offset, size, name, where)
         return memoryview(data)[offset : offset + size]
 
-    header = EpisodeHeader.from_json(
-        bytes(member(header_member(episode_index))), where=f"{where} header"
-    )
+    header = parse_header(bytes(member(header_member(episode_index))), where=f"{where} header")
     listed = {"episode_index": episode_index, "length": length}
     check_header_matches(header, {**listed, "dataset_from_index": dataset_from_index}, where)
     try:

@@ -22,11 +22,10 @@ from lerobot_shards.format import (
     FormatError,
     join,
     manifest_fingerprint,
-    read_manifest,
     read_whole,
 )
 from lerobot_shards.reader.fetch import Span
-from lerobot_shards.validate import check_ranges, check_stats, check_tasks
+from lerobot_shards.validate import check_ranges, check_stats, check_tasks, read_manifest
 
 LANGUAGE_COLUMNS = ("language_persistent", "language_events")
 """The columns that make LeRobot's training loop collate with ``lerobot_collate_fn``."""
