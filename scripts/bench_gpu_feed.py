@@ -283,7 +283,7 @@ def child(kind: str, args: dict) -> dict:
             steps += 1
         wall = time.perf_counter() - started
     if trace_dir:
-        from lerobot_shards.reader.trace import read_traces
+        from lerobot_shards.trace import read_traces
 
         write_report(
             log,
@@ -313,7 +313,7 @@ def run_child(kind: str, args: dict) -> dict:
 
 
 def default_workers() -> str:
-    from lerobot_shards.reader.cpu import physical_cores, usable_cpus
+    from lerobot_shards.reader.loading.cpu import physical_cores, usable_cpus
 
     cores, cpus = physical_cores(), len(usable_cpus())
     counts = {w for w in (1, 2, 4, 8, 16, 32, 64) if w <= cores} | {max(1, cpus - 1)}

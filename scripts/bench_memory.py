@@ -16,7 +16,7 @@ before the workers fork (one row without it: the garbage collector then copies t
 workers inherited, which is no part of the reader). Both are reported as ``data``, the PSS of
 anonymous and shared memory (heaps, stacks, batch segments): the PSS of mapped library files is
 shared with every other process using the same installation and moves with them
-(``testing/memory.py``).
+(``memory.py``).
 
 The datasets (generated once by the test factory, as LeRobot records them), each with many more
 episodes than the pools hold:

@@ -177,7 +177,7 @@ def open_child(job: dict) -> None:
     times, the CPU construction took (all threads), and PSS: this process's before and after
     construction and, after the first batch, its tree's and its workers'."""
     from lerobot_shards import ShardedDataLoader, ShardedLeRobotDataset
-    from lerobot_shards.testing.memory import tree_memory
+    from lerobot_shards.memory import tree_memory
 
     me = os.getpid()
     roots = job["roots"] if len(job["roots"]) > 1 else job["roots"][0]
@@ -274,7 +274,7 @@ def cpu_seconds() -> float:
 def measure_stream(roots, args: argparse.Namespace, frames: int) -> tuple[float, float]:
     """(samples/s over ``args.epochs`` whole epochs after a warm-up epoch, CPU milliseconds
     per sample of the whole run, workers included: what load from other work barely moves)."""
-    from lerobot_shards.reader.throughput import stream
+    from lerobot_shards.throughput import stream
 
     cpu = cpu_seconds()
     stats = stream(

@@ -31,8 +31,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from lerobot_shards.format import MANIFEST_SCHEMA, shard_path
-from lerobot_shards.reader.partition import split_parts
-from lerobot_shards.reader.plan import (
+from lerobot_shards.reader.plan.partition import split_parts
+from lerobot_shards.reader.plan.pool import (
     READER_GROUP,
     first_draws,
     iter_reference_draws,

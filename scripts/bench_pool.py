@@ -54,7 +54,7 @@ from _bench_common import cached_conversion, cached_dataset, machine_line
 from torch.utils.data import DataLoader
 
 from lerobot_shards.format import MANIFEST_FILE
-from lerobot_shards.testing.memory import PeakMemory
+from lerobot_shards.memory import PeakMemory
 from lerobot_shards.validate import read_manifest
 
 GB = 1e9

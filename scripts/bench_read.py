@@ -51,9 +51,9 @@ from _bench_common import CAMERAS_2X480X640, cached_conversion, cached_dataset, 
 from av.video.reformatter import VideoReformatter
 from torch.utils.data import DataLoader
 
-from lerobot_shards.reader.rgb24 import one_thread_options
-from lerobot_shards.reader.throughput import stream
+from lerobot_shards.reader.frames.rgb24 import one_thread_options
 from lerobot_shards.source import LeRobotSource
+from lerobot_shards.throughput import stream
 
 EPISODES = 24
 FPS = 30

@@ -55,7 +55,7 @@ def pytest_configure(config: pytest.Config) -> None:
     threads. Tests that need plain fork (the Linux default) ask for it explicitly.
     """
     multiprocessing.set_start_method("forkserver", force=True)
-    multiprocessing.set_forkserver_preload(["torch", "av", "lerobot_shards.reader.dataset"])
+    multiprocessing.set_forkserver_preload(["torch", "av", "lerobot_shards.reader.loading.dataset"])
 
 
 @pytest.fixture(scope="session")

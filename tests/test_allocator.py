@@ -12,7 +12,7 @@ import textwrap
 import pytest
 from torch.utils.data import DataLoader, IterableDataset
 
-from lerobot_shards.reader import allocator
+from lerobot_shards.reader.frames import allocator
 
 
 def glibc() -> bool:
@@ -29,7 +29,7 @@ pytestmark = pytest.mark.skipif(not glibc(), reason="malloc tuning applies to gl
 CHURN = textwrap.dedent(
     """
     import ctypes, resource, sys
-    from lerobot_shards.reader.allocator import tune_worker_malloc
+    from lerobot_shards.reader.frames.allocator import tune_worker_malloc
     if sys.argv[1] == "tune":
         assert tune_worker_malloc()
     libc = ctypes.CDLL(None)

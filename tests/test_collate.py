@@ -9,7 +9,7 @@ from support.batches import assert_same_batch
 from torch.utils.data import DataLoader, default_collate
 
 from lerobot_shards import ShardedLeRobotDataset, collate
-from lerobot_shards.reader.collate import CameraFrames, ItemTensor
+from lerobot_shards.reader.batches.collate import CameraFrames, ItemTensor
 
 
 def plain(item: dict) -> dict:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lerobot_shards.reader.cpu import physical_cores, usable_cpus
+from lerobot_shards.reader.loading.cpu import physical_cores, usable_cpus
 
 
 def topology(root: Path, cpus: dict[int, tuple[int, int]]) -> Path:

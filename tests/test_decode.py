@@ -12,9 +12,9 @@ import pytest
 import torch
 from support.required import import_error
 
-from lerobot_shards.reader.decode import DecodeError, Video, check_backend
-from lerobot_shards.reader.episode import CameraFrames
-from lerobot_shards.reader.frame_cache import FrameCache
+from lerobot_shards.reader.frames.decode import DecodeError, Video, check_backend
+from lerobot_shards.reader.frames.episode import CameraFrames
+from lerobot_shards.reader.frames.frame_cache import FrameCache
 
 VIDEO = "av1_multifile/videos/observation.images.cam_high/chunk-000/file-000.mp4"
 HAS_TORCHCODEC = import_error("torchcodec") is None

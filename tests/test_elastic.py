@@ -1,4 +1,4 @@
-"""Elastic resume planning (reader/elastic.py): consumed before plus yielded after is every
+"""Elastic resume planning (reader/plan/elastic.py): consumed before plus yielded after is every
 frame of the epoch exactly once, for any old and new layout, offset and settings.
 
 The consumed frames are found here without elastic.py: each old part's draws come straight
@@ -17,9 +17,15 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from lerobot_shards.reader.elastic import Checkpoint, Layout, Ordering, Part, Planner
-from lerobot_shards.reader.partition import samples_per_part, split_parts
-from lerobot_shards.reader.plan import READER_GROUP, Draw, one_by_one, plan_part, reference_draws
+from lerobot_shards.reader.plan.elastic import Checkpoint, Layout, Ordering, Part, Planner
+from lerobot_shards.reader.plan.partition import samples_per_part, split_parts
+from lerobot_shards.reader.plan.pool import (
+    READER_GROUP,
+    Draw,
+    one_by_one,
+    plan_part,
+    reference_draws,
+)
 
 
 def cost(episode: int, start: int, stop: int) -> int:

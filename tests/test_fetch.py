@@ -1,4 +1,4 @@
-"""fetch.py: verified ranged reads with retries, and the prefetcher's budget and order."""
+"""reader/fetch/ranged.py: verified ranged reads with retries; the prefetcher's budget and order."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
 from lerobot_shards.format import checksum
-from lerobot_shards.reader.fetch import (
+from lerobot_shards.reader.fetch.ranged import (
     ADMIT,
     EVICT,
     ChecksumError,

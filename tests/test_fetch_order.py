@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_plan import check_events, one_part
 
-from lerobot_shards.reader.plan import Admit, Draws, Evict, one_by_one, plan_part
-from lerobot_shards.reader.stream import fetch_order
+from lerobot_shards.reader.loading.stream import fetch_order
+from lerobot_shards.reader.plan.pool import Admit, Draws, Evict, one_by_one, plan_part
 
 
 def bursts(events) -> list[list[int]]:

@@ -9,7 +9,7 @@ import tracemalloc
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lerobot_shards.reader.frame_cache import FrameCache, read_ahead
+from lerobot_shards.reader.frames.frame_cache import FrameCache, read_ahead
 
 
 def naive_decodes(draws: list[list[int]], capacity: int, gop: int) -> list[tuple[int, int]]:

@@ -22,7 +22,7 @@ from support.required import importorskip
 import lerobot_shards
 from lerobot_shards import ShardedLeRobotDataset
 from lerobot_shards.format import checksum
-from lerobot_shards.reader.fetch import RangeIgnoredError, Span, read_span
+from lerobot_shards.reader.fetch.ranged import RangeIgnoredError, Span, read_span
 
 importorskip("aiohttp", reason="fsspec's HTTP filesystem needs aiohttp (pip install fsspec[http])")
 

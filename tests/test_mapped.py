@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lerobot_shards.reader import mapped
+from lerobot_shards.reader.fetch import mapped
 
 pytestmark = pytest.mark.skipif(
     not mapped.SUPPORTED, reason="madvise(MADV_DONTNEED) is not available on this platform"
@@ -77,7 +77,7 @@ def test_local_shards_are_read_when_mapping_is_turned_off(tmp_path, monkeypatch)
     import fsspec
 
     from lerobot_shards.format import checksum
-    from lerobot_shards.reader.fetch import Span, read_span
+    from lerobot_shards.reader.fetch.ranged import Span, read_span
 
     path = tmp_path / "shard.tar"
     data = os.urandom(10_000)

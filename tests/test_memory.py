@@ -4,7 +4,7 @@ not the reader's own counters, against the bound the README states:
     growth <= 1.2 x byte_budget_gb + workers x (prefetch_factor + 2) x batch bytes
               + workers x working memory
 
-What is measured is ``data`` (``lerobot_shards.testing.memory``): the PSS of anonymous and
+What is measured is ``data`` (``lerobot_shards.memory``): the PSS of anonymous and
 shared memory. Total PSS also holds a share of every mapped library's pages, which moves by 100
 MB and more when unrelated processes using the same installation start or exit.
 

@@ -12,8 +12,8 @@ from torch.utils.data import DataLoader
 
 from lerobot_shards import ShardedLeRobotDataset
 from lerobot_shards.format import MANIFEST_FILE
-from lerobot_shards.reader.partition import split_parts
-from lerobot_shards.reader.plan import Draws, plan_part
+from lerobot_shards.reader.plan.partition import split_parts
+from lerobot_shards.reader.plan.pool import Draws, plan_part
 from lerobot_shards.validate import read_manifest
 
 BATCH = 32

@@ -13,10 +13,10 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from lerobot_shards.reader.elastic import Checkpoint, Layout, Ordering, Part, Planner
-from lerobot_shards.reader.mixture import MixturePlan, Units, samples_per_dataset
-from lerobot_shards.reader.partition import Pieces, samples_per_part, split_parts
-from lerobot_shards.reader.plan import READER_GROUP, Draw, Draws, one_by_one, plan_part
+from lerobot_shards.reader.plan.elastic import Checkpoint, Layout, Ordering, Part, Planner
+from lerobot_shards.reader.plan.mixture import MixturePlan, Units, samples_per_dataset
+from lerobot_shards.reader.plan.partition import Pieces, samples_per_part, split_parts
+from lerobot_shards.reader.plan.pool import READER_GROUP, Draw, Draws, one_by_one, plan_part
 
 
 def make_mixture(lengths_per_dataset, samples, seed=3, shuffle=True):

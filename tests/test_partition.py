@@ -1,4 +1,4 @@
-"""Splitting the selected frames over ranks and DataLoader workers (reader/partition.py)."""
+"""Splitting the selected frames over ranks and DataLoader workers (reader/plan/partition.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lerobot_shards.reader.partition import (
+from lerobot_shards.reader.plan.partition import (
     Piece,
     Pieces,
     part_index,

@@ -1,4 +1,5 @@
-"""The exact-coverage pool (reader/plan.py): equal to the reference, exact, resumable, bounded."""
+"""The exact-coverage pool (reader/plan/pool.py): equal to the reference, exact, resumable,
+bounded."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lerobot_shards.reader.partition import Pieces, part_index, samples_per_part, split_parts
-from lerobot_shards.reader.plan import (
+from lerobot_shards.reader.plan.partition import Pieces, part_index, samples_per_part, split_parts
+from lerobot_shards.reader.plan.pool import (
     Admit,
     Draw,
     Draws,

@@ -25,7 +25,7 @@ from lerobot_shards.format import (
     video_member,
     write_manifest,
 )
-from lerobot_shards.reader.elastic import consumed_per_worker
+from lerobot_shards.reader.plan.elastic import consumed_per_worker
 from lerobot_shards.source import LeRobotSource
 from lerobot_shards.validate import read_manifest
 

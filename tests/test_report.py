@@ -14,8 +14,8 @@ from support.required import importorskip
 
 from lerobot_shards import convert
 from lerobot_shards.cli import main
-from lerobot_shards.reader.trace import COUNTERS, TraceWriter, read_traces
 from lerobot_shards.report import RunLog, write_report
+from lerobot_shards.trace import COUNTERS, TraceWriter, read_traces
 
 importorskip("matplotlib", reason="the report extra (matplotlib) is not installed")
 

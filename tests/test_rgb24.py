@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from lerobot_shards.reader import rgb24
+from lerobot_shards.reader.frames import rgb24
 
 
 def golden_frames(golden_dir: Path) -> list:

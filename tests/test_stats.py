@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from support.required import importorskip
 
-from lerobot_shards.reader.stats import aggregate_stats
+from lerobot_shards.reader.meta.stats import aggregate_stats
 
 GOLDEN_DIR = Path(__file__).parent / "data" / "lerobot-0.6.1"
 QUANTILES = {"q01": 0.01, "q10": 0.10, "q50": 0.50, "q90": 0.90, "q99": 0.99}

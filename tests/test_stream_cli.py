@@ -14,8 +14,8 @@ from click.testing import CliRunner
 from lerobot_shards import convert
 from lerobot_shards.cli import main
 from lerobot_shards.format import MANIFEST_FILE
-from lerobot_shards.reader.partition import split_parts
-from lerobot_shards.reader.throughput import stream
+from lerobot_shards.reader.plan.partition import split_parts
+from lerobot_shards.throughput import stream
 from lerobot_shards.validate import read_manifest
 
 CLI = [sys.executable, "-m", "lerobot_shards.cli", "stream"]

@@ -16,9 +16,9 @@ from support.batches import assert_same_batch
 from torch.utils.data import DataLoader, default_collate
 
 from lerobot_shards import ShardedLeRobotDataset
-from lerobot_shards.reader import collate as collate_module
-from lerobot_shards.reader import transfer
-from lerobot_shards.reader.collate import typed_item
+from lerobot_shards.reader.batches import collate as collate_module
+from lerobot_shards.reader.batches import transfer
+from lerobot_shards.reader.batches.collate import typed_item
 
 # Skipped on the platform, never on what transfer.worker_pool() returns: on Linux the pool must
 # exist (test_disabled_by_the_environment), and a None pool fails these tests, not hides them.

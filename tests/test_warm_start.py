@@ -14,7 +14,7 @@ from test_elastic_resume import as_rank
 
 import lerobot_shards
 from lerobot_shards import DatasetRoot, ShardedLeRobotDataset
-from lerobot_shards.reader import stream, warm_start
+from lerobot_shards.reader.loading import stream, warm_start
 from lerobot_shards.testing import content, factory
 
 

@@ -2,9 +2,9 @@
 
 A plain ``torch.utils.data.DataLoader`` with non-persistent workers starts new workers, copies
 of the main process's dataset, for every ``iter(loader)``; they used to run epoch 0 every time.
-They now run epochs 0, 1, 2, ... (``reader/worker_epochs.py``), each every frame exactly once,
-in the very order that ``set_epoch(e)`` or a ShardedDataLoader gives. The shared record's
-arithmetic is checked apart, over any interleaving of the workers' starts."""
+They now run epochs 0, 1, 2, ... (``reader/loading/worker_epochs.py``), each every frame
+exactly once, in the very order that ``set_epoch(e)`` or a ShardedDataLoader gives. The shared
+record's arithmetic is checked apart, over any interleaving of the workers' starts."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
 from lerobot_shards import ShardedDataLoader, ShardedLeRobotDataset
-from lerobot_shards.reader.worker_epochs import claim, epochs_before
+from lerobot_shards.reader.loading.worker_epochs import claim, epochs_before
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 

@@ -4,15 +4,15 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "convert": "lerobot_shards.converter.run",
-    "ShardedLeRobotDataset": "lerobot_shards.reader.dataset",
-    "DatasetRoot": "lerobot_shards.reader.catalog",
-    "ShardedDataLoader": "lerobot_shards.reader.loader",
-    "collate": "lerobot_shards.reader.collate",
-    "to_device": "lerobot_shards.reader.device_feed",
-    "DeviceFeed": "lerobot_shards.reader.device_feed",
-    "suggested_workers": "lerobot_shards.reader.cpu",
-    "SmallPoolWarning": "lerobot_shards.reader.pool_budget",
-    "UncheckedStateWarning": "lerobot_shards.reader.state",
+    "ShardedLeRobotDataset": "lerobot_shards.reader.loading.dataset",
+    "DatasetRoot": "lerobot_shards.reader.meta.catalog",
+    "ShardedDataLoader": "lerobot_shards.reader.loading.loader",
+    "collate": "lerobot_shards.reader.batches.collate",
+    "to_device": "lerobot_shards.reader.loading.device_feed",
+    "DeviceFeed": "lerobot_shards.reader.loading.device_feed",
+    "suggested_workers": "lerobot_shards.reader.loading.cpu",
+    "SmallPoolWarning": "lerobot_shards.reader.plan.pool_budget",
+    "UncheckedStateWarning": "lerobot_shards.reader.plan.state",
 }
 
 

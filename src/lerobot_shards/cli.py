@@ -268,7 +268,7 @@ def stream(
     DataLoader and print what it delivers: samples/s, camera frames/s, shard MB/s and the
     epoch's coverage so far, per dataset for a mixture."""
     from lerobot_shards.format import FormatError
-    from lerobot_shards.reader.throughput import stream as run_stream
+    from lerobot_shards.throughput import stream as run_stream
 
     mixture = len(roots) > 1
     if weights is not None and not mixture:
@@ -311,8 +311,8 @@ def stream(
         except (FormatError, FileNotFoundError, ValueError) as exc:
             raise click.ClickException(str(exc)) from exc
         if report_path is not None:
-            from lerobot_shards.reader.trace import read_traces
             from lerobot_shards.report import write_report
+            from lerobot_shards.trace import read_traces
 
             write_report(
                 log,

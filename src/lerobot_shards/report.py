@@ -3,7 +3,7 @@
 The consuming process records each batch (when it arrived, its samples, the distinct episodes
 in it), the memory of its process tree and, in a training benchmark, how long each step waited
 for its batch (:class:`RunLog`); each iterating process records its fetch, decode and wait
-times (``reader/trace.py``). :func:`write_report` draws them with matplotlib (the ``report``
+times (``trace.py``). :func:`write_report` draws them with matplotlib (the ``report``
 extra) into one PNG, or a self-contained HTML page holding that picture and a summary table.
 """
 
@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from lerobot_shards.reader.cpu import physical_cores, usable_cpus
-from lerobot_shards.testing.memory import tree_usage
+from lerobot_shards.memory import tree_usage
+from lerobot_shards.reader.loading.cpu import physical_cores, usable_cpus
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """One epoch through a DataLoader (uint8 items), measuring the PSS of this process tree: prints
 JSON with the tree's PSS (all of it, and ``data``: anonymous plus shared memory, see
-``lerobot_shards.testing.memory``) once the workers are up but before they fetch anything (the
+``lerobot_shards.memory``) once the workers are up but before they fetch anything (the
 baseline), after the first batch, and its peak while the epoch's batches are delivered (and,
 apart, with the workers' shutdown after the last one); a batch's bytes and the frames seen. Run by
 tests/test_memory.py and scripts/bench_memory.py in a fresh process.
@@ -28,7 +28,7 @@ import torch
 from torch.utils.data import DataLoader, default_collate
 
 from lerobot_shards import ShardedLeRobotDataset, collate
-from lerobot_shards.testing.memory import PeakMemory
+from lerobot_shards.memory import PeakMemory
 
 
 def hold(ready, go, worker_id: int) -> None:

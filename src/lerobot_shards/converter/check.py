@@ -137,7 +137,7 @@ def verify_dataset(
 ) -> list[Problem]:
     """Every problem found: checksums, tar structure, member offsets, headers, rows; with
     ``deep`` also every frame of every camera decoded and counted."""
-    from lerobot_shards.reader.meta import read_meta  # no torch: verify runs without it
+    from lerobot_shards.reader.meta.metadata import read_meta  # no torch: verify runs without it
 
     fs, path = _open(root, storage_options)
     try:

@@ -250,7 +250,7 @@ def _locate(
 
 def _check_closed_gops(span: list[_Pkt], tb: float, where: str) -> None:
     """Refuse open GOPs: a frame decoded after a keyframe but shown before it references the GOP
-    before, and the reader decodes each GOP from its own keyframe (``reader/decode.py``)."""
+    before, and the reader decodes each GOP from its own keyframe (``reader/frames/decode.py``)."""
     key_pts = span[0].pts
     for p in span:
         if p.key:

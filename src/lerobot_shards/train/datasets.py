@@ -22,7 +22,7 @@ from lerobot.datasets.factory import resolve_delta_timestamps
 from lerobot.transforms import ImageTransforms
 from lerobot.utils.constants import IMAGENET_STATS
 
-from lerobot_shards.reader.dataset import ShardedLeRobotDataset
+from lerobot_shards.reader.loading.dataset import ShardedLeRobotDataset
 from lerobot_shards.train.arguments import RefusedArgument
 
 

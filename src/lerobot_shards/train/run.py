@@ -13,7 +13,7 @@
 3. Its ``save_checkpoint`` also writes the data position beside the training state
    (``training_state/lerobot_shards.json``, with the shards it read), and ``--resume=true``
    loads it into the new loader: the data continues exactly where it stopped, under the same or
-   another number of processes or workers (``reader/elastic.py``).
+   another number of processes or workers (``reader/plan/elastic.py``).
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ import accelerate
 import torch
 from lerobot.utils.constants import TRAINING_STATE_DIR
 
-from lerobot_shards.reader.dataset import ShardedLeRobotDataset
-from lerobot_shards.reader.device_feed import DeviceFeed
-from lerobot_shards.reader.loader import ShardedDataLoader
+from lerobot_shards.reader.loading.dataset import ShardedLeRobotDataset
+from lerobot_shards.reader.loading.device_feed import DeviceFeed
+from lerobot_shards.reader.loading.loader import ShardedDataLoader
 from lerobot_shards.train.arguments import RefusedArgument, lerobot_arguments
 from lerobot_shards.train.datasets import Shards, make_datasets
 

@@ -22,16 +22,17 @@ from typing import Any
 import numpy as np
 
 from lerobot_shards.items import ItemSpec
-from lerobot_shards.reader import transfer, warm_start
-from lerobot_shards.reader.catalog import Catalog, Member
-from lerobot_shards.reader.cpu import physical_cores
-from lerobot_shards.reader.elastic import Ordering, Part
-from lerobot_shards.reader.episode import Episode
-from lerobot_shards.reader.fetch import ADMIT, EVICT, Prefetcher
-from lerobot_shards.reader.frame_cache import FrameCache, read_ahead
-from lerobot_shards.reader.plan import Admit, Draws, Evict
-from lerobot_shards.reader.state import Cursor
-from lerobot_shards.reader.trace import COUNTERS, TraceWriter
+from lerobot_shards.reader.batches import transfer
+from lerobot_shards.reader.fetch.ranged import ADMIT, EVICT, Prefetcher
+from lerobot_shards.reader.frames.episode import Episode
+from lerobot_shards.reader.frames.frame_cache import FrameCache, read_ahead
+from lerobot_shards.reader.loading import warm_start
+from lerobot_shards.reader.loading.cpu import physical_cores
+from lerobot_shards.reader.meta.catalog import Catalog, Member
+from lerobot_shards.reader.plan.elastic import Ordering, Part
+from lerobot_shards.reader.plan.pool import Admit, Draws, Evict
+from lerobot_shards.reader.plan.state import Cursor
+from lerobot_shards.trace import COUNTERS, TraceWriter
 
 PREFETCH_LOOKAHEAD_EVENTS = 16
 """Plan events the fetcher reads ahead looking for the next admissions to fetch early."""

@@ -12,7 +12,7 @@ splits it over the new layout's parts, a pure function of the seed, the epoch, t
 set and the new layout: the episodes holding remaining frames are laid end to end in a seeded
 order (ascending with ``shuffle=False``), each with its remaining frame positions ascending,
 and the sequence is cut into parts whose sizes differ by at most one frame, as
-:func:`~lerobot_shards.reader.partition.split_parts` cuts a fresh epoch. A piece of such a part
+:func:`~lerobot_shards.reader.plan.partition.split_parts` cuts a fresh epoch. A piece of such a part
 holds an arbitrary subset of an episode's frames: its pool runs over ``0..count-1`` and each
 drawn position is mapped through the piece's array of frame positions (:class:`Part`), so fresh
 epochs keep their reference order untouched. With padding every part yields the same number of
@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from lerobot_shards.reader.mixture import Units
-from lerobot_shards.reader.partition import Pieces, samples_per_part, split_parts
-from lerobot_shards.reader.plan import READER_GROUP, first_draws, plan_part
+from lerobot_shards.reader.plan.mixture import Units
+from lerobot_shards.reader.plan.partition import Pieces, samples_per_part, split_parts
+from lerobot_shards.reader.plan.pool import READER_GROUP, first_draws, plan_part
 
 # Entropy word of the rest split's and the rest pools' random streams: apart from the fresh
 # split's (0xFFFF_FFFF) and every fresh pool's ([seed, epoch] or [seed, epoch, part]).
@@ -123,7 +123,7 @@ class Part:
     """One part's frames of one epoch, as the pool draws them.
 
     Piece ``i`` is episode ``episodes[i]``, a part of the epoch's unit ``units[i]``
-    (:class:`~lerobot_shards.reader.mixture.Units`); its frames lie in rows
+    (:class:`~lerobot_shards.reader.plan.mixture.Units`); its frames lie in rows
     ``starts[i]:stops[i]`` (what is fetched and decoded). ``positions`` is None for a fresh
     epoch's part (every row of the range is a frame of the piece, and the pool draws rows
     directly); for a rest part,
@@ -198,7 +198,7 @@ class Part:
 class Planner:
     """Elastic planning over the samples of each epoch (pure: no I/O).
 
-    An epoch's samples are its :class:`~lerobot_shards.reader.mixture.Units` (``epoch_units``;
+    An epoch's samples are its :class:`~lerobot_shards.reader.plan.mixture.Units` (``epoch_units``;
     by default every frame of ``episodes`` once, in ascending episode order, the same every
     epoch), numbered ``0..total-1`` unit by unit (sample ids); consumed and remaining sets are
     boolean masks over those ids. Every epoch has the same number of samples. ``cost`` gives a

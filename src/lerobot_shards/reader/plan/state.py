@@ -73,7 +73,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from lerobot_shards.reader.elastic import (
+from lerobot_shards.reader.plan.elastic import (
     Checkpoint,
     Layout,
     Ordering,

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from lerobot_shards.reader.dataset import ShardedLeRobotDataset, rank_and_world_size
+from lerobot_shards.reader.loading.dataset import ShardedLeRobotDataset, rank_and_world_size
 
 if TYPE_CHECKING:
     from lerobot_shards.report import RunLog

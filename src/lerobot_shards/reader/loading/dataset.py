@@ -23,20 +23,20 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from lerobot_shards.items import ItemSpec
-from lerobot_shards.reader.accelerate_guard import refuse_accelerate_resharding
-from lerobot_shards.reader.allocator import tune_worker_malloc
-from lerobot_shards.reader.catalog import Catalog, DatasetRoot, ItemOptions, Member, as_sources
-from lerobot_shards.reader.decode import check_backend
-from lerobot_shards.reader.elastic import Ordering, Part, Planner
-from lerobot_shards.reader.meta import DatasetMeta, MixtureMeta, Selection
-from lerobot_shards.reader.mixture import MixturePlan, samples_per_dataset
-from lerobot_shards.reader.partition import part_index, samples_per_part
-from lerobot_shards.reader.pool_budget import PoolBudget, split_budget
-from lerobot_shards.reader.schema import check_batchable, item_schema
-from lerobot_shards.reader.state import Context, Position
-from lerobot_shards.reader.stream import StreamOptions, decode_thread_count, stream_part
-from lerobot_shards.reader.trace import TraceWriter
-from lerobot_shards.reader.worker_epochs import WorkerEpochs
+from lerobot_shards.reader.frames.allocator import tune_worker_malloc
+from lerobot_shards.reader.frames.decode import check_backend
+from lerobot_shards.reader.loading.accelerate_guard import refuse_accelerate_resharding
+from lerobot_shards.reader.loading.stream import StreamOptions, decode_thread_count, stream_part
+from lerobot_shards.reader.loading.worker_epochs import WorkerEpochs
+from lerobot_shards.reader.meta.catalog import Catalog, DatasetRoot, ItemOptions, Member, as_sources
+from lerobot_shards.reader.meta.metadata import DatasetMeta, MixtureMeta, Selection
+from lerobot_shards.reader.meta.schema import check_batchable, item_schema
+from lerobot_shards.reader.plan.elastic import Ordering, Part, Planner
+from lerobot_shards.reader.plan.mixture import MixturePlan, samples_per_dataset
+from lerobot_shards.reader.plan.partition import part_index, samples_per_part
+from lerobot_shards.reader.plan.pool_budget import PoolBudget, split_budget
+from lerobot_shards.reader.plan.state import Context, Position
+from lerobot_shards.trace import TraceWriter
 
 __all__ = [
     "DatasetMeta",
@@ -67,7 +67,7 @@ class ShardedLeRobotDataset(IterableDataset):
     episode selection, storage options and ``key_map``) is a *mixture*: items are each
     dataset's items plus ``dataset_index``; ``weights`` are each dataset's share of an epoch of
     ``epoch_size`` samples (default: the total frames; without weights every frame once), exact
-    per frame to floor/ceil and rotating over epochs (``reader/mixture.py``); ``ds.meta`` is a
+    per frame to floor/ceil and rotating over epochs (``reader/plan/mixture.py``); ``ds.meta`` is a
     :class:`MixtureMeta`. A mixture whose items would not batch together is refused here.
 
     At most ``buffer_size`` episodes per DataLoader worker are resident (plus a few
@@ -88,7 +88,7 @@ class ShardedLeRobotDataset(IterableDataset):
 
     ``decode_threads``: threads per iterating process that decode the GOPs of the next
     ``decode_ahead`` draws while items are built (FFmpeg runs without the GIL, so they use
-    several cores). Default: the physical cores (``reader/cpu.py``: hardware threads of one
+    several cores). Default: the physical cores (``reader/loading/cpu.py``: hardware threads of one
     core count once) shared out over the rank's DataLoader workers, none when there are no more
     cores than workers (all of them with ``num_workers=0``; with ``lerobot_shards.collate``, one
     worker per core measured fastest: ``lerobot_shards.suggested_workers()``). ``0`` decodes
@@ -97,9 +97,9 @@ class ShardedLeRobotDataset(IterableDataset):
 
     ``trace_dir``: each iterating process appends where its time goes (fetching, decoding,
     waiting) to a file in this local folder, for ``lerobot-shards stream --report``
-    (``reader/trace.py``).
+    (``trace.py``).
 
-    Epochs, ``state_dict``/``load_state_dict`` and the state format: ``reader/state.py``.
+    Epochs, ``state_dict``/``load_state_dict`` and the state format: ``reader/plan/state.py``.
 
     ``len(ds)`` and ``ds.padding`` count this rank's samples per epoch over ``ds.num_workers``
     DataLoader workers (set it to the DataLoader's ``num_workers``; inside a worker it is known).
@@ -302,7 +302,7 @@ class ShardedLeRobotDataset(IterableDataset):
     def state_dict(
         self, num_samples: int | None = None, batch_size: int | None = None
     ) -> dict[str, Any]:
-        """What the consumer has taken, in the state format of ``reader/state.py``.
+        """What the consumer has taken, in the state format of ``reader/plan/state.py``.
 
         ``num_samples``: with DataLoader workers, the samples the training loop took since the
         DataLoader's iterator started (and ``batch_size`` its batch size, None counting as 1);

@@ -30,11 +30,11 @@ from lerobot_shards.format import (
     video_member,
 )
 from lerobot_shards.items import EpisodeColumns, ItemSpec
-from lerobot_shards.reader.collate import typed_item
-from lerobot_shards.reader.decode import Video
-from lerobot_shards.reader.frame_cache import FrameCache, Key, Pending
-from lerobot_shards.reader.mapped import release
-from lerobot_shards.reader.rgb24 import to_rgb24, write_rgb24
+from lerobot_shards.reader.batches.collate import typed_item
+from lerobot_shards.reader.fetch.mapped import release
+from lerobot_shards.reader.frames.decode import Video
+from lerobot_shards.reader.frames.frame_cache import FrameCache, Key, Pending
+from lerobot_shards.reader.frames.rgb24 import to_rgb24, write_rgb24
 from lerobot_shards.validate import (
     TOLERANCE_S,
     check_camera,
@@ -56,7 +56,7 @@ def frame_nbytes(frame: torch.Tensor | av.VideoFrame) -> int:
 
 class CameraFrames:
     """One camera of a resident episode: its :class:`Video`, decoded through a shared
-    :class:`~lerobot_shards.reader.frame_cache.FrameCache`.
+    :class:`~lerobot_shards.reader.frames.frame_cache.FrameCache`.
 
     A draw takes its frame from the cache, or decodes it (from its GOP's keyframe) and offers
     the cache the GOP's other frames that the plan draws again soon. :meth:`schedule` starts a

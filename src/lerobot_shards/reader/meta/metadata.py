@@ -24,7 +24,7 @@ from lerobot_shards.format import (
     manifest_fingerprint,
     read_whole,
 )
-from lerobot_shards.reader.fetch import Span
+from lerobot_shards.reader.fetch.ranged import Span
 from lerobot_shards.validate import check_ranges, check_stats, check_tasks, read_manifest
 
 LANGUAGE_COLUMNS = ("language_persistent", "language_events")
@@ -350,7 +350,7 @@ class MixtureMeta(_FeatureViews):
     def __init__(
         self, datasets: Sequence[DatasetMeta], key_maps: Sequence[dict[str, str | None]]
     ) -> None:
-        from lerobot_shards.reader.stats import aggregate_stats
+        from lerobot_shards.reader.meta.stats import aggregate_stats
 
         self.datasets = list(datasets)
         """Each dataset's own metadata, in the mixture's order."""

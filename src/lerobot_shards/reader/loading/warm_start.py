@@ -25,10 +25,10 @@ from typing import Any
 
 import numpy as np
 
-from lerobot_shards.reader.catalog import Catalog, Member
-from lerobot_shards.reader.elastic import Ordering, Part
-from lerobot_shards.reader.episode import Episode
-from lerobot_shards.reader.plan import Draws
+from lerobot_shards.reader.frames.episode import Episode
+from lerobot_shards.reader.meta.catalog import Catalog, Member
+from lerobot_shards.reader.plan.elastic import Ordering, Part
+from lerobot_shards.reader.plan.pool import Draws
 
 
 @dataclass

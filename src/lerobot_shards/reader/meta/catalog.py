@@ -20,9 +20,9 @@ import fsspec
 import numpy as np
 
 from lerobot_shards.items import ItemSpec, delta_indices
-from lerobot_shards.reader.episode import Episode, load_episode
-from lerobot_shards.reader.fetch import RetryingReads, read_span
-from lerobot_shards.reader.meta import DatasetMeta, Selection, read_meta
+from lerobot_shards.reader.fetch.ranged import RetryingReads, read_span
+from lerobot_shards.reader.frames.episode import Episode, load_episode
+from lerobot_shards.reader.meta.metadata import DatasetMeta, Selection, read_meta
 from lerobot_shards.validate import check_totals, read_index
 
 OPEN_THREADS = 32

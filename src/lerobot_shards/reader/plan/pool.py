@@ -33,7 +33,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from lerobot_shards.reader.partition import Piece, Pieces
+from lerobot_shards.reader.plan.partition import Piece, Pieces
 
 _NEVER = np.iinfo(np.int64).max
 _MIN_BATCH = 16

@@ -39,9 +39,9 @@ import numpy as np
 import torch
 
 from lerobot_shards.format import CameraHeader, FormatError
-from lerobot_shards.reader.mapped import release
-from lerobot_shards.reader.rgb24 import to_rgb24
-from lerobot_shards.reader.trace import COUNTERS
+from lerobot_shards.reader.fetch.mapped import release
+from lerobot_shards.reader.frames.rgb24 import to_rgb24
+from lerobot_shards.trace import COUNTERS
 from lerobot_shards.validate import check_stream
 
 BACKENDS = ("pyav", "torchcodec")

@@ -31,7 +31,7 @@ import torch
 from torch.utils.data import default_collate, get_worker_info
 from torch.utils.data._utils.collate import default_collate_fn_map
 
-from lerobot_shards.reader import transfer
+from lerobot_shards.reader.batches import transfer
 
 
 class CameraFrames(transfer.TaggedTensor):

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from lerobot_shards.reader.dataset import ShardedLeRobotDataset
+from lerobot_shards.reader.loading.dataset import ShardedLeRobotDataset
 
 WARM_DRAWS = 64
 """Draws of the next epoch a ``ShardedDataLoader``'s process warms up as its part ends."""
@@ -78,7 +78,7 @@ class ShardedDataLoader(DataLoader):
             raise
 
     def state_dict(self, num_samples: int | None = None) -> dict[str, Any]:
-        """The exact position after the batches delivered so far (``reader/state.py``), or,
+        """The exact position after the batches delivered so far (``reader/plan/state.py``), or,
         with ``num_samples``, after that many of this epoch's samples: what a prefetcher that
         holds delivered batches the loop has not taken yet passes (``device_feed.py``)."""
         taken = self._delivered if num_samples is None else num_samples

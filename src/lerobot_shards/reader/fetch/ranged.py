@@ -6,7 +6,7 @@ bodies), so a read is retried with exponential backoff before it becomes an erro
 the shard and the episode. A checksum mismatch is retried too, from the same budget: a torn
 read gives different wrong bytes each time, while a corrupt shard gives the same wrong bytes
 twice, which ends the retries at once as corruption. Every retry is logged (a warning of the
-``lerobot_shards.reader.fetch`` logger), so flaky storage shows.
+``lerobot_shards.reader.fetch.ranged`` logger), so flaky storage shows.
 
 :class:`Prefetcher` runs the loading of the next admissions of a plan (fetch and demux) in a
 small thread pool while the consumer draws from the resident episodes, so the stream rarely
@@ -27,9 +27,9 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from lerobot_shards.format import FormatError, checksum
-from lerobot_shards.reader import mapped
+from lerobot_shards.reader.fetch import mapped
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("lerobot_shards.reader.fetch")  # the fetch package's logger, as documented
 
 E = TypeVar("E")
 K = TypeVar("K", bound=Hashable)

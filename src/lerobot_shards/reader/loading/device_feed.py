@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from lerobot_shards.reader.loader import ShardedDataLoader, batch_length
+from lerobot_shards.reader.loading.loader import ShardedDataLoader, batch_length
 
 _END = object()
 

@@ -1,0 +1,2 @@
+"""Metadata: a dataset's (or a mixture's) info, selected manifest rows, item schema and
+statistics, opened concurrently."""
