@@ -7,7 +7,7 @@ Prints each failing case as it is found, with its seed and the command that repl
 the outcomes counted by where the lie is, for each dataset kind: refused by the reader (and
 verify), read unchanged but refused by ``verify --deep``, harmless (read unchanged, verify
 passes), FAILED. CI runs the same cases derandomized (``tests/test_fuzz_shards.py``), less the
-lies the reader does not catch yet (``GAPS`` there; a failing case of one is marked "known
+lies the reader does not catch yet (``lies.GAPS``; a failing case of one is marked "known
 gap"); this finds the ones it has not drawn. Exit status 1 if any case failed.
 
     python scripts/fuzz_shards.py --seconds 120 --kind both
@@ -32,20 +32,8 @@ from pathlib import Path
 import lerobot_shards
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))
-from fuzz_shards import (  # the fuzz's own module, beside the tests
-    FAILED,
-    GOLDEN,
-    HARMLESS,
-    KINDS,
-    REFUSED,
-    VERIFY,
-    Case,
-    Edits,
-    Fuzz,
-    known_gap,
-    random_chooser,
-    start_workers,
-)
+from fuzz_shards import FAILED, GOLDEN, HARMLESS, KINDS, REFUSED, VERIFY, Fuzz, start_workers
+from lies import Case, Edits, known_gap, random_chooser
 
 OUTCOMES = (REFUSED, VERIFY, HARMLESS, FAILED, "ERROR")
 """Table columns; ERROR is the fuzz's own failure to make a case (a bug here, not a finding)."""
@@ -72,7 +60,7 @@ def run_one(fuzz: Fuzz, seed: int) -> tuple[Case, str, str]:
         outcome, why = fuzz.run(parts, case)
     except Exception:
         outcome, why = "ERROR", traceback.format_exc()
-    return case.where, case.description, outcome, why
+    return case, outcome, why
 
 
 def table(kind: str, counts: dict[str, Counter]) -> str:
