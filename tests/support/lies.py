@@ -50,6 +50,8 @@ GAPS = {
     "dtype the features say",
     "index+info:camera removed": "a header's cameras are not checked to be the video features",
     "rows:columns reversed": "an item's keys follow the rows' column order, not the features'",
+    "index.json:codebase_version": "index.json's codebase_version is not checked against "
+    "info.json's",
     "index+info:fps|delta": "delta_timestamps refused at a lying fps name no dataset",
     "index+info+headers:fps|delta": "delta_timestamps refused at a lying fps name no dataset",
 }
