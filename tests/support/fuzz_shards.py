@@ -58,7 +58,7 @@ from mutate import Parts, put_together, take_apart
 from lerobot_shards import ShardedDataLoader, ShardedLeRobotDataset
 from lerobot_shards.converter.check import verify_dataset
 from lerobot_shards.format import STATS_FILE, TASKS_FILE, FormatError
-from lerobot_shards.reader.fetch import FetchError
+from lerobot_shards.reader.fetch.ranged import FetchError
 
 GOLDEN = Path(__file__).parents[1] / "data" / "lerobot-0.6.1"
 KINDS = {"video": "av1_multifile", "image": "image"}
@@ -345,7 +345,7 @@ def start_workers() -> None:
     """DataLoader workers from a forkserver: this process runs reader threads, and a fork
     while one of them holds a lock can deadlock the child (tests/conftest.py says more)."""
     multiprocessing.set_start_method("forkserver", force=True)
-    multiprocessing.set_forkserver_preload(["torch", "av", "lerobot_shards.reader.dataset"])
+    multiprocessing.set_forkserver_preload(["torch", "av", "lerobot_shards.reader.loading.dataset"])
 
 
 def main(kind: str, root: Path, scratch: Path, examples: int) -> int:
