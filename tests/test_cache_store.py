@@ -16,6 +16,7 @@ import multiprocessing as mp
 import os
 import random
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -446,3 +447,23 @@ def test_clear_refuses_while_in_use(tmp_path):
     store.close()
     cleared = CliRunner().invoke(main, ["cache", "clear", "--cache-dir", str(tmp_path)])
     assert cleared.exit_code == 0, cleared.output
+
+
+def test_a_reused_pid_is_not_taken_for_the_owner(tmp_path):
+    """A pending row and a temporary file whose pid lives again (here: this very process) but
+    started at another time belong to a dead process: cleaned at open."""
+    CacheStore(tmp_path, 10**6, min_free_bytes=0).close()
+    host, pid = socket.gethostname(), os.getpid()
+    start = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    dead = f"{host}.{pid}.{start - 1}"
+    data = payload(9, 1000)
+    with sqlite3.connect(tmp_path / "cache.db") as db:
+        db.execute(
+            "INSERT INTO entries VALUES (?, ?, 'pending', ?, '', ?, ?, NULL)",
+            (key_of(data), len(data), dead, time.time(), time.time()),
+        )
+    (tmp_path / "tmp" / f"{dead}-0123456789abcdef").write_bytes(data[:500])
+    store = CacheStore(tmp_path, 10**6, min_free_bytes=0)
+    assert rows(tmp_path) == [] and list((tmp_path / "tmp").iterdir()) == []
+    assert isinstance(store.reserve(key_of(data), len(data), time.time(), NEVER), Reservation)
+    store.close()
