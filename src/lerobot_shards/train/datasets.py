@@ -36,6 +36,9 @@ class Shards:
     storage_options: dict = field(default_factory=dict)
     buffer_size: int = 64
     byte_budget_gb: float | None = None
+    cache: bool | None = None
+    cache_dir: str | None = None
+    cache_limit_gb: float | None = None
 
     def open(self, **options: Any) -> ShardedLeRobotDataset:
         """The reader over these shards, with the item ``options`` of a LeRobot dataset."""
@@ -46,6 +49,9 @@ class Shards:
             storage_options=self.storage_options,
             buffer_size=self.buffer_size,
             byte_budget_gb=self.byte_budget_gb,
+            cache=self.cache,
+            cache_dir=self.cache_dir,
+            cache_limit_gb=self.cache_limit_gb,
             return_uint8=True,
             **options,
         )
