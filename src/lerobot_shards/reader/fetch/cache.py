@@ -127,7 +127,6 @@ class CacheStore:
         self.directory = Path(directory)
         self.entries_dir = self.directory / "entries"
         self.tmp_dir = self.directory / "tmp"
-        self._explicit = (limit_bytes, min_free_bytes)
         self._pid = -1
         try:
             self._open()
