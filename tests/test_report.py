@@ -79,7 +79,8 @@ def stream_with_report(converted: Path, path: Path) -> str:
     return result.output
 
 
-def hist_counts(ax) -> list[float]:
+def heights(ax) -> list[float]:
+    """The heights of a panel's bars."""
     return [patch.get_height() for patch in ax.patches]
 
 
@@ -92,7 +93,7 @@ def check_stream_panels(fig) -> None:
     # four bars per iterating process, labelled by process
     assert [t.get_text() for t in times.get_xticklabels()] == WORKERS
     assert len(times.patches) == 4 * len(WORKERS)
-    assert all(h >= 0 for h in hist_counts(times)) and any(h > 0 for h in hist_counts(times))
+    assert all(h >= 0 for h in heights(times)) and any(h > 0 for h in heights(times))
     # decoded and from-cache lines per process; each process decoded frames
     lines = {line.get_label(): line.get_ydata() for line in cache.get_lines()}
     assert set(lines) == {f"{w}: {what}" for w in WORKERS for what in ("decoded", "from cache")}
@@ -101,9 +102,9 @@ def check_stream_panels(fig) -> None:
     (pss,) = memory.get_lines()
     assert len(pss.get_ydata()) >= 1 and min(pss.get_ydata()) > 0
     # one count per batch, each batch of 1 to 4 distinct episodes
-    assert sum(hist_counts(mixing)) == BATCHES
-    assert all(1 <= patch.get_x() + patch.get_width() / 2 <= 4 for patch in mixing.patches
-               if patch.get_height())  # fmt: skip
+    assert sum(heights(mixing)) == BATCHES
+    counted = [round(p.get_x() + p.get_width() / 2) for p in mixing.patches if p.get_height()]
+    assert counted and all(1 <= n <= 4 for n in counted)
     # no training steps: the panel says so and draws nothing
     assert not gpu.axison and not gpu.get_lines()
 
@@ -152,7 +153,7 @@ def test_png_report_and_a_training_log(tmp_path, figures):
     assert sum(rate.get_lines()[0].get_ydata()) == 160
     assert not times.patches and not cache.get_lines()  # no traces
     assert list(memory.get_lines()[0].get_ydata()) == [1.0, 2.0]
-    assert hist_counts(mixing) == [4, 4, 4, 4, 4]  # 1 to 5 distinct episodes, 4 batches each
+    assert heights(mixing) == [4, 4, 4, 4, 4]  # 1 to 5 distinct episodes, 4 batches each
     # 0.19 s waited of 0.19 + 20 * 0.05 s
     assert gpu.get_title() == "step waiting for its batch: 16.0% idle"
     wait, step = gpu.get_lines()
