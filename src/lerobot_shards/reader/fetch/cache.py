@@ -141,6 +141,7 @@ class CacheStore:
             )
             self._clean()
         except (OSError, sqlite3.Error) as exc:
+            self.close()  # what was opened before the failure: its files, its lock
             raise CacheUnavailable(f"cache folder {self.directory}: {exc}") from exc
 
     def __reduce__(self):
@@ -399,7 +400,7 @@ class CacheStore:
             fcntl.flock(self._lock_fd, fcntl.LOCK_SH)
 
     def close(self) -> None:
-        if self._pid == os.getpid():
+        if self._pid == os.getpid() and hasattr(self, "_connections"):
             with self._connections_lock:
                 for db in self._connections:
                     db.close()

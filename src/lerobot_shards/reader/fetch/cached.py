@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -41,21 +42,27 @@ class CachedReads:
         self._store: CacheStore | None = None
         self._pid: int | None = None
         self._broken = False
+        self._opening = threading.Lock()
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_store": None, "_pid": None}
+        state = {**self.__dict__, "_store": None, "_pid": None}
+        del state["_opening"]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, _opening=threading.Lock())
 
     def store(self) -> CacheStore | None:
-        """This process's store, or None once the cache has failed here (warned once)."""
-        if self._broken:
-            return None
-        if self._pid != os.getpid():
-            self._store, self._pid = None, os.getpid()
-            try:
-                self._store = CacheStore(self.directory, self.limit_bytes)
-            except CacheUnavailable as exc:
-                self._give_up(exc)
-        return self._store
+        """This process's store (opened by the first of its fetch threads to ask), or None
+        once the cache has failed here (warned once)."""
+        with self._opening:
+            if not self._broken and self._pid != os.getpid():
+                self._store, self._pid = None, os.getpid()
+                try:
+                    self._store = CacheStore(self.directory, self.limit_bytes)
+                except CacheUnavailable as exc:
+                    self._give_up(exc)
+            return self._store
 
     def read(
         self,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 
 import fsspec
@@ -52,6 +52,10 @@ class NodeSchedule:
         self._keys: dict[str, int] | None = None
         self._started: tuple[float, int] | None = None  # (wall clock, draw time) of a first read
         self._pace = DEFAULT_SECONDS_PER_DRAW
+        self.clock: Callable[[], int] | None = None
+        """The stream's draw time (set by the stream): a fetch runs ahead of the draws, and an
+        entry read between the stream's time and the fetched piece's admission is still to
+        come."""
 
     def reader(self, part: Part, piece: int) -> SpanRead:
         """How piece ``piece`` of ``part`` is read: through the cache, at its admission."""
@@ -66,10 +70,13 @@ class NodeSchedule:
         schedule = self.schedule(part.epoch)
         episode = int(part.episodes[piece])
         keys = self.keys()
+        since = now if self.clock is None else min(now, self.clock())  # reads still to come
 
         def priority(key: str) -> float | None:  # None: another job's key, the store decides
             other = keys.get(key)
-            return None if other is None else self._wall(schedule.next_use(other, now), now)
+            if other is None:
+                return None
+            return self._wall(schedule.next_use(other, since - 1), now)
 
         member, own = self._catalog.locate(episode)
         return self.reads.read(
@@ -129,7 +136,8 @@ class NodeSchedule:
             self._pace = (wall - self._started[0]) / (now - self._started[1])
 
     def _wall(self, when: int, now: int) -> float:
-        """Draw time ``when`` as a wall-clock time (``time.time()`` seconds); never: inf."""
+        """Draw time ``when`` as a wall-clock time (``time.time()`` seconds; ``now`` is the
+        present), never: inf. Times before ``now`` keep their order below it."""
         if when >= NEVER:
             return math.inf
-        return time.time() + max(0, when - now) * self._pace
+        return time.time() + (when - now) * self._pace
