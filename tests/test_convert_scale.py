@@ -139,8 +139,8 @@ def test_a_manifest_of_100000_episodes_round_trips(tmp_path: Path):
             offset=0,
             size=4096 + i,
             length=2 + i % 3,
-            dataset_from_index=3 * i,
-            dataset_to_index=3 * i + 2 + i % 3,
+            dataset_from_index=4 * i,  # disjoint ranges, as a real manifest has them
+            dataset_to_index=4 * i + 2 + i % 3,
             tasks=["stack the blocks"] if i % 5 else [],
             members=[Member(f"episode-{i:06d}.json", 512, 300 + i % 7)]
             + [Member(f"episode-{i:06d}.cam.mp4", 1536, 900)] * (i % 2),

@@ -10,6 +10,7 @@ offset from a batch-by-batch run of the DataLoader's round-robin over a rank's w
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 
 import numpy as np
@@ -17,7 +18,14 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from lerobot_shards.reader.plan.elastic import Checkpoint, Layout, Ordering, Part, Planner
+from lerobot_shards.reader.plan.elastic import (
+    Checkpoint,
+    Layout,
+    Ordering,
+    Part,
+    Planner,
+    node_parts,
+)
 from lerobot_shards.reader.plan.partition import samples_per_part, split_parts
 from lerobot_shards.reader.plan.pool import (
     READER_GROUP,
@@ -293,3 +301,63 @@ def test_nothing_left_gives_empty_parts(pad):
     ordering = Ordering(0, True, 2, None, pad, False)
     parts = planner.rest_parts(ordering, 3, 0, np.zeros(5, dtype=bool))
     assert [p.num_samples for p in parts] == [0, 0, 0]
+
+
+node_layouts = st.builds(
+    lambda nodes, local, workers: Layout(nodes * local, workers, nodes),
+    st.integers(1, 3),
+    st.integers(1, 2),
+    st.integers(0, 2),
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 12), min_size=1, max_size=9),
+    old=node_layouts,
+    new=node_layouts,
+    ordering=orderings,
+    affinity=st.booleans(),
+    batch=st.integers(1, 4),
+    epoch=st.integers(0, 3),
+    fraction=st.floats(0, 1),
+)
+def test_node_affine_checkpoint_resumes_on_other_nodes(
+    lengths, old, new, ordering, affinity, batch, epoch, fraction
+):
+    """A checkpoint of a node-affine epoch resumes on other nodes, ranks and workers (node
+    affinity on or off there): consumed plus rest is every frame once, and the next epoch is
+    node-affine under the new nodes. The consumed frames are the old parts' pool replays, each
+    cut at the share the DataLoader's round-robin gives it (``taken_per_part``)."""
+    total = sum(lengths)
+    assume(total > 0 and (not ordering.pad or total >= max(old.num_parts, new.num_parts)))
+    assume(ordering.byte_budget is None or ordering.byte_budget >= cost(8, 0, 12))
+    old_ordering = dataclasses.replace(ordering, node_affinity=True)
+    new_ordering = dataclasses.replace(ordering, node_affinity=affinity)
+    planner = Planner(np.arange(len(lengths)), np.array(lengths), cost)
+    fresh = planner.fresh_parts(old_ordering, old.num_parts, epoch, old.nodes)
+    old_draws = [part_draws(planner, part, old_ordering) for part in fresh]
+    offset = round(fraction * sum(len(d) for d in old_draws[: old.workers]))
+    taken = taken_per_part(old, [len(d) for d in old_draws], offset, batch, False)
+    consumed = {i for d, k in zip(old_draws, taken, strict=True) for i in d[:k]}
+
+    checkpoint = Checkpoint(epoch, offset, batch, old, old_ordering)
+    assert set(np.flatnonzero(planner.consumed(checkpoint, epoch))) == consumed
+    stream = [
+        list(planner.stream(checkpoint, epoch, new_ordering, new.num_parts, q, new.nodes))
+        for q in range(new.num_parts)
+    ]
+    rest = [i for parts in stream for i in part_draws(planner, parts[0], new_ordering)]
+    assert not consumed & set(rest)
+    assert consumed | set(rest) == set(range(total))
+    if new_ordering.pad and total > len(consumed):
+        assert len({parts[0].num_samples for parts in stream}) == 1
+    nxt = planner.fresh_parts(new_ordering, new.num_parts, epoch + 1, new.nodes)
+    assert nxt == planner.fresh_parts(new_ordering, new.num_parts, epoch + 1, new.nodes)
+    if affinity and new.nodes > 1:  # each new node's share is the one it reads every epoch
+        later = planner.fresh_parts(new_ordering, new.num_parts, epoch + 7, new.nodes)
+        for rank in range(0, new.world_size, new.local_world_size):
+            mine = node_parts(new, rank)
+            assert {i for q in mine for i in part_draws(planner, nxt[q], new_ordering)} == {
+                i for q in mine for i in part_draws(planner, later[q], new_ordering)
+            }

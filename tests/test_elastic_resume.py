@@ -244,3 +244,59 @@ def test_endless_stream_checkpoint_across_an_epoch_boundary(av1, monkeypatch):
 
 def position_of(state: dict) -> tuple[int, int, bool]:
     return state["epoch"], state["offset"], "resumed_from" in state
+
+
+def as_node_rank(monkeypatch: pytest.MonkeyPatch, rank: int, world: int, local: int) -> None:
+    as_rank(monkeypatch, rank, world)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(local))
+
+
+@pytest.mark.parametrize(
+    ("new_world", "new_local", "new_workers", "affinity"),
+    [(2, 2, 0, True), (3, 1, 1, True), (2, 1, 2, False)],
+)
+def test_node_affine_checkpoint_resumes_on_other_nodes(
+    av1, monkeypatch, new_world, new_local, new_workers, affinity
+):
+    """4 ranks on 2 nodes with node affinity, 2 workers each, batches of 4 -> 1 node of 2
+    ranks, 3 nodes of 1 rank, 2 nodes without affinity: every frame once."""
+    consumed, states = [], []
+    for rank in range(4):
+        as_node_rank(monkeypatch, rank, 4, 2)
+        ds = dataset(av1, node_affinity=True)
+        taken, state = take_loader(ds, num_workers=2, batch_size=4, batches=2)
+        consumed += taken
+        states.append(state)
+    assert states[0] == states[3]
+    assert (states[0]["nodes"], states[0]["node_affinity"]) == (2, True)
+    streams = []
+    for rank in range(new_world):
+        as_node_rank(monkeypatch, rank, new_world, new_local)
+        ds = dataset(av1, node_affinity=affinity)
+        ds.num_workers = new_workers
+        ds.load_state_dict(states[0])
+        streams.append(indices_of(ds, new_workers))
+    assert_exactly_once(consumed, streams, new_world * max(1, new_workers))
+
+
+def test_node_affine_same_layout_resumes_the_same_stream(av1, monkeypatch):
+    as_node_rank(monkeypatch, 3, 4, 2)
+    full = indices_of(dataset(av1, node_affinity=True))
+    consumed, state = take_direct(dataset(av1, node_affinity=True), 7)
+    ds = dataset(av1, node_affinity=True)
+    ds.load_state_dict(state)
+    assert consumed + indices_of(ds) == full
+
+
+def test_a_state_without_nodes_loads_as_one_node_without_affinity(av1, monkeypatch):
+    """States of earlier versions record neither nodes nor affinity: they resume the stream
+    they were taken on (one node, no affinity), on any nodes when affinity is off."""
+    as_rank(monkeypatch, 1, 2)
+    full = indices_of(dataset(av1))
+    consumed, state = take_direct(dataset(av1), 20)
+    old = {k: v for k, v in state.items() if k not in ("nodes", "node_affinity")}
+    for local in (2, 1):
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", str(local))
+        ds = dataset(av1)
+        ds.load_state_dict(old)
+        assert consumed + indices_of(ds) == full

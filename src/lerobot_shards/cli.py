@@ -402,6 +402,75 @@ def demo(workdir: str, workers: int, batch_size: int) -> None:
         sys.exit(1)
 
 
+@main.group()
+def cache() -> None:
+    """The node-local cache of remote episodes: what it holds, and emptying it."""
+
+
+CACHE_DIR = click.option(
+    "--cache-dir",
+    type=click.Path(file_okay=False),
+    help="The cache folder (default: $LEROBOT_SHARDS_CACHE_DIR, else the user's cache folder).",
+)
+
+
+def open_cache(cache_dir: str | None):
+    """The cache at ``cache_dir`` (or the default folder); a click error if it cannot be used."""
+    from lerobot_shards.reader.fetch.cache import CacheStore, CacheUnavailable, default_cache_dir
+
+    folder = cache_dir or default_cache_dir()
+    if not os.path.isdir(folder):
+        raise click.ClickException(f"no cache at {folder}")
+    try:
+        return CacheStore(folder)
+    except CacheUnavailable as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+@cache.command("ls")
+@CACHE_DIR
+@click.option("--json", "as_json", is_flag=True, help="Print every entry as JSON.")
+def cache_ls(cache_dir: str | None, as_json: bool) -> None:
+    """Show the cache: its folder, limit and bytes used, and per dataset its entries and bytes."""
+    from dataclasses import asdict
+
+    from lerobot_shards.reader.fetch.cache import dataset_of
+
+    store = open_cache(cache_dir)
+    entries, (used, limit) = store.entries(), store.usage()
+    store.close()
+    if as_json:
+        listing = [asdict(e) for e in entries]
+        info = {"directory": str(store.directory), "limit": limit, "used": used}
+        click.echo(json.dumps({**info, "entries": listing}, indent=2))
+        return
+    click.echo(f"{store.directory}: {used / 1e6:.1f} MB of {limit / 1e6:.1f} MB")
+    datasets: dict[str, list[int]] = {}
+    for entry in entries:
+        counts = datasets.setdefault(dataset_of(entry.label) or "(unlabelled)", [0, 0, 0])
+        counts[0 if entry.state == "ready" else 1] += 1
+        counts[2] += entry.size
+    for name, (ready, pending, size) in sorted(datasets.items()):
+        in_flight = f" (+{pending} downloading)" if pending else ""
+        click.echo(f"  {name}: {ready} episodes{in_flight}, {size / 1e6:.1f} MB")
+
+
+@cache.command("clear")
+@CACHE_DIR
+def cache_clear(cache_dir: str | None) -> None:
+    """Empty the cache; refused while another process uses it."""
+    from lerobot_shards.reader.fetch.cache import CacheBusy
+
+    store = open_cache(cache_dir)
+    try:
+        store.clear()
+    except CacheBusy as exc:
+        raise click.ClickException(str(exc)) from exc
+    finally:
+        store.close()
+    click.echo(f"{store.directory}: cleared")
+
+
 def run() -> None:
     """The console entry point: :func:`main`, then exit without tearing the interpreter down.
 

@@ -140,7 +140,8 @@ class _FetchCounter:
 
     def start_epoch(self, epoch: int) -> None:
         ds = self._ds
-        parts = ds._planner.fresh_parts(ds._context().ordering, self._num_parts, epoch)
+        ctx = ds._context()
+        parts = ds._planner.fresh_parts(ctx.ordering, self._num_parts, epoch, ctx.nodes)
         rows = np.searchsorted(ds.catalog.episodes, np.concatenate([p.episodes for p in parts]))
         pieces = np.bincount(rows.astype(np.int64), minlength=len(self._sizes))
         self._bytes = self._sizes * pieces

@@ -58,12 +58,12 @@ class TraceWriter:
         self.path = Path(folder) / f"trace-{os.getpid()}.jsonl"
         self.label = label
         self.interval_s = interval_s
-        self._last = 0.0
+        self._last: float | None = None  # the first tick always writes
 
     def tick(self, **extra: Any) -> None:
         """Write a snapshot if ``interval_s`` has passed since the last one."""
         now = time.monotonic()
-        if now - self._last >= self.interval_s:
+        if self._last is None or now - self._last >= self.interval_s:
             self._last = now
             self._write(extra)
 

@@ -1,250 +1,413 @@
-"""Hypothesis over mutated datasets: each case changes one field of one file of a converted
-dataset (index.json, meta/info.json, the manifest, an episode's header, rows or video), puts
-it back together with every checksum recomputed (``mutate.py``: only the content lies), then
-reads a whole epoch with the reader and runs ``verify --deep``.
+"""Mutated datasets, read every way a user reads them: each case takes a converted dataset (the
+golden ``av1_multifile``, video, or ``image``, PNGs in the rows) apart (``mutate.py``), tells
+one lie, puts it back together with every checksum recomputed (only the content lies), reads a
+whole epoch and runs ``verify --deep``.
 
-A case passes if the reader raises a ``FormatError`` naming the dataset and verify reports a
-problem, or if the reader's items equal the unmutated dataset's (the lie changed nothing an
-item holds). Anything else fails: a crash, another exception, items that differ without an
-error, verify raising or passing a dataset the reader refuses. Mutations are lies a reader can
-catch (types, ranges, structure, sizes, counts); pixel values and numbers inside valid rows are
-content, not lies, and are not made.
+Each lie (``lies.py``: one per case, in one file or coordinated across every file that
+states the fact, in any file of the dataset) is read plainly and, drawn, also through a
+``ShardedDataLoader`` with two workers, with ``delta_timestamps`` and ``return_uint8``, or as
+the second member of a mixture.
 
-Prints one JSON line: cases, the error kinds seen (by where their message says the lie is),
-the slowest case and the peak RSS of this process. Exit 1 with the failing case otherwise.
+The oracle is the unmutated dataset: a case passes if every read raises a ``FormatError``
+naming the dataset and ``verify --deep`` reports a problem ("reader"), or if every read yields
+the unmutated dataset's items (the same multiset, tensor for tensor) and a ``ds.meta`` equal to
+what the unmutated files say (features, fps, stats, tasks, totals, camera keys, episodes,
+read from the files here, not by the reader), verify reporting a problem ("verify") or none
+("harmless"). Anything else fails: a crash, another exception, reads that disagree, items or
+metadata that differ without an error, verify raising or passing a dataset the reader refuses.
+The unmutated items themselves are checked, once, against what LeRobot 0.6.1 returned for the
+golden datasets.
 
-    python tests/support/fuzz_shards.py SHARDS_ROOT SCRATCH_DIR EXAMPLES
+Cases are drawn by hypothesis in CI (derandomized where ``CI`` is set, else from a printed
+seed; the lies the reader does not catch yet, ``lies.GAPS``, left out), or from a seed each
+(``scripts/fuzz_shards.py`` explores fresh cases and replays one by its seed). ``main`` prints
+one JSON line: the cases, their outcomes by where the lie is, the slowest case and the peak
+RSS.
+
+    python tests/support/fuzz_shards.py video|image SHARDS_ROOT SCRATCH_DIR EXAMPLES
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import io
 import json
-import re
+import multiprocessing
+import os
+import random
 import resource
+import signal
 import sys
 import time
 import traceback
 from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-import pyarrow as pa
+import numpy as np
+import pyarrow.parquet as pq
 import torch
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).parent))
-from mutate import Parts, black_mp4, put_together, take_apart
+from lies import READS, Case, Choose, draw_case, hypothesis_chooser, known_gap
+from mutate import Parts, put_together, take_apart
 
-from lerobot_shards import ShardedLeRobotDataset
+from lerobot_shards import ShardedDataLoader, ShardedLeRobotDataset
 from lerobot_shards.converter.check import verify_dataset
-from lerobot_shards.format import MANIFEST_SCHEMA, FormatError
+from lerobot_shards.format import STATS_FILE, TASKS_FILE, FormatError
+from lerobot_shards.reader.fetch.ranged import FetchError
 
-VALUES = [None, -1, 0, 1, 3, 10**12, "1", "x", [], {}, ["x"], True, 1.5]
-SHARDS = ["/etc/passwd", "../outside.tar", "s3://other/x.tar", "shards/000/episode-000001.tar"]
-
-
-def mutations(parts: Parts) -> st.SearchStrategy:
-    """One lie, as (description, apply): ``apply(parts)`` returns (edit_rows, edit_index)."""
-    rows = st.integers(0, len(parts.rows) - 1)
-    value = st.sampled_from(VALUES)
-    no_edit = (None, None)
-
-    def index_lie(key, v, delete):
-        def edit(index):
-            index.pop(key) if delete else index.__setitem__(key, v)
-
-        return f"index.json {key}={'<deleted>' if delete else v!r}", lambda p: (None, edit)
-
-    def info_lie(key, field, v):
-        def apply(p):
-            if key == "fps":
-                p.info["fps"] = v
-            elif field == "<deleted>":
-                p.info["features"].pop(key)
-            else:
-                p.info["features"][key][field] = v
-            return no_edit
-
-        return f"info.json {key}.{field}={v!r}", apply
-
-    def manifest_lie(row, column, v):
-        def edit(all_rows):
-            if column == "<reverse>":
-                all_rows.reverse()
-            elif column == "<duplicate>":
-                all_rows.insert(row, dict(all_rows[row]))
-            elif column == "<drop>":
-                all_rows.pop(row)
-            elif column.startswith("members."):
-                _, i, field = column.split(".")
-                members = all_rows[row]["members"]
-                members[int(i) % len(members)][field] = v
-            else:
-                all_rows[row][column] = v
-
-        return f"manifest row {row} {column}={v!r}", lambda p: (edit, None)
-
-    def header_lie(row, field, v, camera):
-        def apply(p):
-            header = p.header(row)
-            target = header["cameras"][camera] if camera else header
-            if v == "<deleted>":
-                target.pop(field, None)
-            else:
-                target[field] = v
-            p.set_header(row, header)
-            return no_edit
-
-        return f"header {row} {camera or ''}.{field}={v!r}", apply
-
-    def rows_lie(row, op, column):
-        def apply(p):
-            table = p.table(row)
-            name = column if column in table.column_names else table.column_names[0]
-            i = table.schema.get_field_index(name)
-            if op == "drop":
-                table = table.drop_columns([name])
-            elif op == "as text":
-                table = table.set_column(
-                    i, name, pa.array([str(x) for x in table[name].to_pylist()])
-                )
-            elif op == "short":
-                table = table.slice(0, table.num_rows - 1)
-            elif op == "nulls":
-                table = table.set_column(i, name, pa.nulls(table.num_rows, table[name].type))
-            elif op in ("task -1", "task 99"):
-                v = -1 if op == "task -1" else 99
-                i = table.schema.get_field_index("task_index")
-                table = table.set_column(i, "task_index", pa.array([v] * table.num_rows))
-            elif op == "wider":
-                wide = [
-                    [*x, 0.0] if isinstance(x, list) else [x, 0.0] for x in table[name].to_pylist()
-                ]
-                table = table.set_column(i, name, pa.array(wide))
-            p.set_table(row, table)
-            return no_edit
-
-        return f"rows {row} {op} {column}", apply
-
-    def video_lie(row, camera, op):
-        def apply(p):
-            name = next(n for n, _ in p.members[row] if n.endswith(f".{camera}.mp4"))
-            data = p.member(row, name)
-            if op == "half":
-                data = data[: len(data) // 2]
-            elif op == "empty":
-                data = b""
-            elif op == "other camera":
-                other = next(n for n, _ in p.members[row] if n.endswith(".mp4") and n != name)
-                data = p.member(row, other)
-            elif op == "other episode":
-                other_row = (row + 1) % len(p.rows)
-                data = p.member(
-                    other_row,
-                    name.replace(name.split(".")[0], p.members[other_row][0][0].split(".")[0]),
-                )
-            else:
-                width, height = (4096, 4096) if op == "4096x4096" else (48, 32)
-                data = black_mp4(width, height, p.rows[row]["length"])
-            p.set_member(row, name, data)
-            return no_edit
-
-        return f"video {row} {camera} {op}", apply
-
-    keys = sorted(parts.index)
-    features = sorted(parts.info["features"])
-    cameras = sorted(parts.header(0)["cameras"])
-    columns = [*MANIFEST_SCHEMA.names, "members.0.size", "members.1.offset", "members.2.name"]
-    columns = [c for c in columns if c != "members"] + ["<reverse>", "<duplicate>", "<drop>"]
-    header_fields = ["episode_index", "length", "dataset_from_index", "dataset_to_index",
-                     "tasks", "cameras"]  # fmt: skip
-    camera_fields = ["codec", "width", "height", "pix_fmt", "fps", "frames", "skip_frames",
-                     "tail_frames"]  # fmt: skip
-    row_columns = ["action", "observation.state", "timestamp", "index", "episode_index",
-                   "task_index", "frame_index"]  # fmt: skip
-    shard_values = st.sampled_from(SHARDS)
-    return st.one_of(
-        st.builds(index_lie, st.sampled_from(keys), value, st.booleans()),
-        st.builds(info_lie, st.sampled_from([*features, "fps"]),
-                  st.sampled_from(["dtype", "shape", "names", "<deleted>"]),
-                  st.one_of(value, st.sampled_from(["video", "image", "int64", [2], [1, 2, 3]]))),
-        st.builds(manifest_lie, rows, st.sampled_from(columns), st.one_of(value, shard_values)),
-        st.builds(header_lie, rows, st.sampled_from(header_fields), st.one_of(
-            value, st.just("<deleted>")), st.none()),
-        st.builds(header_lie, rows, st.sampled_from(camera_fields), st.one_of(
-            value, st.just("<deleted>")), st.sampled_from(cameras)),
-        st.builds(rows_lie, rows, st.sampled_from(
-            ["drop", "as text", "short", "nulls", "task -1", "task 99", "wider"]),
-            st.sampled_from(row_columns)),
-        st.builds(video_lie, rows, st.sampled_from(cameras), st.sampled_from(
-            ["half", "empty", "other camera", "other episode", "4096x4096", "48x32"])),
-    )  # fmt: skip
+GOLDEN = Path(__file__).parents[1] / "data" / "lerobot-0.6.1"
+KINDS = {"video": "av1_multifile", "image": "image"}
+"""Each dataset kind's golden dataset."""
+DELTA = {
+    "action": [0.0, 0.1, 0.2, 0.3],
+    "observation.images.cam_high": [-0.2, -0.1, 0.0],
+    "observation.state": [-0.1, 0.0],
+}
+"""The delta_timestamps LeRobot's golden ``*.delta.items.npz`` were recorded with."""
+CASE_SECONDS = 180
+"""A case that takes longer hangs."""
+REFUSED, VERIFY, HARMLESS, FAILED = "reader", "verify", "harmless", "FAILED"
+"""Outcomes: refused by the reader (and verify); read unchanged, verify reports a problem;
+read unchanged, verify passes; anything else."""
 
 
-def items(root: Path) -> list[dict]:
-    return list(ShardedLeRobotDataset(str(root), seed=5))
+# --- the oracle and the reads -----------------------------------------------------------------
 
 
-def same(got: list[dict], want: list[dict]) -> bool:
-    if len(got) != len(want):
-        return False
-    for a, b in zip(got, want, strict=True):
-        if list(a) != list(b):
-            return False
-        for key, value in b.items():
-            other = a[key]
-            if isinstance(value, torch.Tensor):
-                if not (isinstance(other, torch.Tensor) and other.shape == value.shape
-                        and other.dtype == value.dtype and torch.equal(other, value)):  # fmt: skip
-                    return False
-            elif other != value:
-                return False
-    return True
-
-
-def kind_of(message: str) -> str:
-    """Where an error says the lie is (its file), for the summary's distinct kinds."""
-    for name in ("index.json", "info.json", "manifest", "tasks", "header", "rows", "camera",
-                 "video", "checksum", "span", "member"):  # fmt: skip
-        if name in message:
-            return name
-    return re.sub(r"\d+", "N", message)[:60]
-
-
-def main(root: Path, scratch: Path, examples: int) -> int:
-    original = take_apart(root)
-    put_together(original.copy(), scratch / "original")
-    reference = items(scratch / "original")
-    summary: dict = {"cases": 0, "refused": Counter(), "harmless": 0, "slowest_s": 0.0}
-
-    @settings(max_examples=examples, derandomize=True, database=None, deadline=None,
-              suppress_health_check=list(HealthCheck))  # fmt: skip
-    @given(mutations(original))
-    def case(lie):
-        description, apply = lie
-        started = time.monotonic()
-        parts = original.copy()
-        edit_rows, edit_index = apply(parts)
-        dest = scratch / "case"
-        put_together(parts, dest, edit_rows=edit_rows, edit_index=edit_index)
-        try:
-            got = items(dest)
-        except FormatError as exc:
-            message = str(exc)
-            assert str(dest) in message, f"{description}: the error names no dataset: {message}"
-            assert verify_dataset(str(dest), deep=True), f"{description}: verify passed it"
-            summary["refused"][kind_of(message)] += 1
+def fingerprint(item: dict) -> str:
+    """An item, key order, dtypes, shapes and values, as a string (its global index first)."""
+    digest = hashlib.sha256()
+    for key, value in item.items():
+        digest.update(key.encode() + b"\0")
+        if isinstance(value, torch.Tensor):
+            digest.update(f"{value.dtype}{tuple(value.shape)}".encode())
+            digest.update(value.contiguous().numpy().tobytes())
         else:
-            assert same(got, reference), f"{description}: items differ without an error"
-            verify_dataset(str(dest), deep=True)  # must not raise
-            summary["harmless"] += 1
+            digest.update(repr(value).encode())
+    index = item.get("index")
+    index = int(index) if isinstance(index, torch.Tensor) and index.numel() == 1 else index
+    return f"{item.get('dataset_index', '')}/{index}:{digest.hexdigest()[:20]}"
+
+
+def unbatch(batch: dict) -> list[dict]:
+    size = len(next(v for v in batch.values() if isinstance(v, torch.Tensor)))
+    return [{k: v[i] for k, v in batch.items()} for i in range(size)]
+
+
+def stats_view(stats: Any) -> Any:
+    if stats is None:
+        return None
+    if isinstance(stats, dict):
+        return {k: stats_view(v) for k, v in stats.items()}
+    array = np.asarray(stats)
+    return (array.dtype.kind, array.shape, array.tolist())
+
+
+def meta_view(meta: Any) -> dict:
+    """What a trainer reads of ``ds.meta`` (a ``DatasetMeta``)."""
+    return {
+        "features": meta.features,
+        "fps": meta.fps,
+        "stats": stats_view(meta.stats),
+        "tasks": list(meta.task_names),
+        "total_frames": meta.total_frames,
+        "total_episodes": meta.total_episodes,
+        "camera_keys": list(meta.camera_keys),
+        "video_keys": list(meta.video_keys),
+        "image_keys": list(meta.image_keys),
+        "episodes": {
+            c: meta.episodes[c]
+            for c in ("episode_index", "length", "dataset_from_index", "dataset_to_index")
+        },
+        "codebase_version": meta.codebase_version,
+        "robot_type": meta.robot_type,
+    }
+
+
+def expected_meta(parts: Parts) -> dict:
+    """What the unmutated files say ``ds.meta`` holds, read here (not by the reader)."""
+    tasks = pq.read_table(io.BytesIO(parts.others[TASKS_FILE])).to_pylist()
+    stats = json.loads(parts.others[STATS_FILE]) if STATS_FILE in parts.others else None
+    cameras, videos = parts.index["camera_keys"], parts.index["video_keys"]
+    return {
+        "features": {
+            k: {**ft, "shape": tuple(ft["shape"])} for k, ft in parts.info["features"].items()
+        },
+        "fps": parts.info["fps"],
+        "stats": stats_view(stats),
+        "tasks": [t["task"] for t in sorted(tasks, key=lambda t: t["task_index"])],
+        "total_frames": sum(r["length"] for r in parts.rows),
+        "total_episodes": len(parts.rows),
+        "camera_keys": cameras,
+        "video_keys": videos,
+        "image_keys": [k for k in cameras if k not in videos],
+        "episodes": {
+            c: [r[c] for r in parts.rows]
+            for c in ("episode_index", "length", "dataset_from_index", "dataset_to_index")
+        },
+        "codebase_version": parts.index["codebase_version"],
+        "robot_type": parts.info.get("robot_type"),
+    }
+
+
+def mixture_view(meta: Any) -> dict:
+    return {
+        "features": meta.features,
+        "fps": meta.fps,
+        "stats": stats_view(meta.stats),
+        "camera_keys": meta.camera_keys,
+        "total_frames": meta.total_frames,
+        "total_episodes": meta.total_episodes,
+        "fps_per_dataset": meta.fps_per_dataset,
+    }
+
+
+def difference(got: dict, want: dict) -> list[str]:
+    """Where ``got`` differs from ``want``: a key's name, with the value it has (and what the
+    files say) where short, or its entries that differ."""
+    out = []
+    for key in sorted(set(got) | set(want)):
+        a, b = got.get(key), want.get(key)
+        if a == b:
+            continue
+        if isinstance(a, dict) and isinstance(b, dict):
+            entries = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+            out.append(f"{key}: {entries}")
+        else:
+            out.append(f"{key}: {str(a)[:80]} (the files say {str(b)[:80]})")
+    return out
+
+
+@dataclass
+class Read:
+    items: Counter
+    meta: dict
+    mixture: dict | None = None
+    samples: list[dict] = field(default_factory=list, repr=False)
+
+
+def read(how: str, root: Path, other: Path, keep: bool = False) -> Read:
+    """A whole epoch of the dataset at ``root`` read ``how``; a mixture's first member is the
+    unmutated ``other``."""
+    if how == "mixture":
+        ds = ShardedLeRobotDataset([str(other), str(root)], seed=5)
+        samples = list(ds)
+        meta, mixture = ds.meta.datasets[1], mixture_view(ds.meta)
+    else:
+        options = {"delta_timestamps": DELTA, "return_uint8": True} if how == "delta" else {}
+        ds = ShardedLeRobotDataset(str(root), seed=5, **options)
+        if how == "loader":
+            loader = ShardedDataLoader(ds, batch_size=4, num_workers=2, timeout=120)
+            samples = [s for batch in loader for s in unbatch(batch)]
+        else:
+            samples = list(ds)
+        meta, mixture = ds.meta, None
+    items = Counter(fingerprint(s) for s in samples)
+    return Read(items, meta_view(meta), mixture, samples if keep else [])
+
+
+def check_golden(kind: str, reference: dict[str, Read]) -> None:
+    """The unmutated items, each read, are LeRobot 0.6.1's own for the golden dataset (video
+    frames compared as LeRobot makes them float: ``uint8 / 255``)."""
+    for how, ref in reference.items():
+        recorded = np.load(GOLDEN / f"{KINDS[kind]}{'.delta' if how == 'delta' else ''}.items.npz")
+        keys = json.loads(str(recorded["__keys__"]))
+        tasks = list(recorded["__tasks__"])
+        seen = Counter()
+        for item in ref.samples:
+            index = int(item["index"])
+            seen[index] += 1
+            got = [k for k in item if k != "dataset_index"]
+            assert got == keys, f"{kind} {how}: keys {got}, LeRobot's {keys}"
+            assert item["task"] == tasks[index], f"{kind} {how} {index}: task"
+            for key in (k for k in keys if k != "task"):
+                value, want = item[key], torch.from_numpy(recorded[f"{index}|{key}"])
+                if value.dtype == torch.uint8:
+                    value = value.to(torch.float32) / 255
+                assert value.dtype == want.dtype and value.shape == want.shape, (how, index, key)
+                assert torch.equal(value, want), f"{kind} {how} {index} {key}: not LeRobot's"
+        copies = 2 if how == "mixture" else 1
+        assert set(seen) == set(range(len(tasks))), f"{kind} {how}: indices"
+        assert min(seen.values()) >= copies, f"{kind} {how}: a frame missing"
+
+
+@dataclass
+class Fuzz:
+    """One dataset kind, taken apart, with its unmutated reads: what every case is held to."""
+
+    kind: str
+    root: Path
+    scratch: Path
+    original: Parts
+    expected: dict
+    reference: dict[str, Read]
+
+    @classmethod
+    def prepare(cls, kind: str, root: Path, scratch: Path) -> Fuzz:
+        scratch.mkdir(parents=True, exist_ok=True)
+        original = take_apart(root)
+        original.scratch = str(scratch)
+        expected = expected_meta(original)
+        reference = {how: read(how, root, root, keep=True) for how in sorted(set(READS))}
+        check_golden(kind, reference)
+        for how, ref in reference.items():
+            assert ref.meta == expected, f"{kind} {how}: the unmutated ds.meta is not its files'"
+            ref.samples.clear()
+        return cls(kind, root, scratch, original, expected, reference)
+
+    def draw(self, choose: Choose) -> tuple[Parts, Case]:
+        parts = self.original.copy()
+        return parts, draw_case(parts, self.kind, choose)
+
+    def run(self, parts: Parts, case: Case) -> tuple[str, str]:
+        """The case's outcome, and why where it FAILED."""
+        dest = self.scratch / "case"
+        edits = case.edits
+        put_together(
+            parts,
+            dest,
+            edit_rows=edits.rows,
+            edit_index=edits.index,
+            edit_shard=edits.shard,
+            rechecksum=edits.rechecksum,
+        )
+        results: dict[str, Read | Exception] = {}
+        with deadline(CASE_SECONDS):
+            for how in case.reads:
+                try:
+                    results[how] = read(how, dest, self.root)
+                except (ValueError, FetchError) as exc:  # FormatError is a ValueError
+                    results[how] = exc
+                except Exception as exc:  # any other exception is the finding
+                    return FAILED, f"{how}: {type(exc).__name__} (not a FormatError): {exc}"
+            try:
+                problems = verify_dataset(str(dest), deep=True)
+            except Exception as exc:
+                return FAILED, f"verify raised {type(exc).__name__}: {exc}"
+        refused = [how for how, r in results.items() if isinstance(r, Exception)]
+        for how in refused:
+            if str(dest) not in str(results[how]):
+                return FAILED, f"{how}: the error names no dataset: {results[how]}"
+            clear = isinstance(results[how], FormatError | FetchError)  # FetchError: no shard
+            if not clear and (how == "plain" or not isinstance(results["plain"], Exception)):
+                # a ValueError of delta_timestamps or a mixture's keys, only where the reader
+                # refused the lie itself
+                return FAILED, f"{how}: {type(results[how]).__name__}: {results[how]}"
+        if refused and len(refused) < len(results):
+            return FAILED, f"{refused} refuse it, {sorted(set(results) - set(refused))} read it"
+        if refused:
+            return (
+                (REFUSED, "")
+                if problems
+                else (
+                    FAILED,
+                    f"verify --deep passed what the reader refuses: {results[refused[0]]}",
+                )
+            )
+        for how, got in results.items():
+            ref = self.reference[how]
+            if got.items != ref.items:
+                extra, missing = got.items - ref.items, ref.items - got.items
+                return FAILED, (
+                    f"{how}: items differ without an error: {len(extra)} not the "
+                    f"unmutated dataset's (e.g. {sorted(extra)[:2]}), {len(missing)} "
+                    f"of its missing (e.g. {sorted(missing)[:2]})"
+                )
+            differ = difference(got.meta, self.expected)
+            if differ:
+                return FAILED, f"{how}: ds.meta differs without an error: {differ}"
+            if got.mixture != ref.mixture:
+                return FAILED, f"{how}: the mixture's meta differs without an error"
+        return (VERIFY, "") if problems else (HARMLESS, "")
+
+
+@contextlib.contextmanager
+def deadline(seconds: int) -> Iterator[None]:
+    """Raise ``TimeoutError`` in the main thread after ``seconds`` (a hang is a finding)."""
+
+    def alarm(signum: int, frame: Any) -> None:
+        raise TimeoutError(f"the case ran past {seconds} s")
+
+    signal.signal(signal.SIGALRM, alarm)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+
+
+def start_workers() -> None:
+    """DataLoader workers from a forkserver: this process runs reader threads, and a fork
+    while one of them holds a lock can deadlock the child (tests/conftest.py says more)."""
+    multiprocessing.set_start_method("forkserver", force=True)
+    multiprocessing.set_forkserver_preload(["torch", "av", "lerobot_shards.reader.loading.dataset"])
+
+
+def main(kind: str, root: Path, scratch: Path, examples: int) -> int:
+    from hypothesis import HealthCheck, assume, given, settings
+    from hypothesis import seed as hypothesis_seed
+    from hypothesis import strategies as st
+
+    start_workers()
+    fuzz = Fuzz.prepare(kind, root, scratch)
+    derandomize = bool(os.environ.get("CI"))
+    seed = int(os.environ.get("FUZZ_SEED") or random.SystemRandom().getrandbits(32))
+    summary: dict = {
+        "kind": kind,
+        "derandomized": derandomize,
+        "seed": None if derandomize else seed,
+        "cases": 0,
+        "outcomes": Counter(),
+        "where": {},
+        "slowest_s": 0.0,
+    }
+    print(
+        f"fuzz {kind}: "
+        + (
+            "derandomized (CI)"
+            if derandomize
+            else f"seed {seed} (FUZZ_SEED={seed} replays this run)"
+        ),
+        file=sys.stderr,
+        flush=True,
+    )
+
+    @settings(
+        max_examples=examples,
+        derandomize=derandomize,
+        database=None,
+        deadline=None,
+        print_blob=True,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(st.data())
+    def case(data: Any) -> None:
+        started = time.monotonic()
+        parts, drawn = fuzz.draw(hypothesis_chooser(data))
+        assume(known_gap(drawn) is None)
+        outcome, why = fuzz.run(parts, drawn)
+        assert outcome != FAILED, f"{kind} {drawn.where}: {drawn.description}: {why}"
         summary["cases"] += 1
+        summary["outcomes"][outcome] += 1
+        summary["where"].setdefault(drawn.where, Counter())[outcome] += 1
         summary["slowest_s"] = max(summary["slowest_s"], time.monotonic() - started)
 
+    if not derandomize:
+        case = hypothesis_seed(seed)(case)
     try:
         case()
     except Exception:
         print(traceback.format_exc(), file=sys.stderr)
+        print(
+            f"fuzz {kind}: FAILED; rerun with FUZZ_SEED={seed} (or CI=1 if derandomized), "
+            "or replay the @reproduce_failure blob above",
+            file=sys.stderr,
+        )
         return 1
     summary["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps(summary))
@@ -252,4 +415,4 @@ def main(root: Path, scratch: Path, examples: int) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])))
+    sys.exit(main(sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4])))

@@ -6,6 +6,11 @@ test makes is a lie of the content itself, not a checksum a reader would catch a
     parts.headers[2]["length"] = 0           # any file, any field
     put_together(parts, dest)                # a dataset whose bytes all check out
     put_together(parts, dest, edit_rows=...) # or lie in the manifest itself, after recomputing
+
+Rows that name the same shard are written into one tar, one after the other, each row's span
+from its first member's tar header to its last member's data (shards that hold several
+episodes); ``edit_shard`` changes a shard's bytes (its tar headers, say) before the checksums
+are computed.
 """
 
 from __future__ import annotations
@@ -48,6 +53,8 @@ class Parts:
     """Per manifest row, the tar's members in order."""
     others: dict[str, bytes]
     """Other files by relative path (meta/stats.json, meta/tasks.parquet)."""
+    scratch: str = ""
+    """A folder outside the dataset, for a file a lie points to."""
 
     def header(self, row: int) -> dict:
         return json.loads(self.member(row, header_member(self.rows[row]["episode_index"])))
@@ -101,35 +108,46 @@ def put_together(
     *,
     edit_rows: Callable[[list[dict]], None] | None = None,
     edit_index: Callable[[dict], None] | None = None,
+    edit_shard: Callable[[int, bytearray, dict], None] | None = None,
+    rechecksum: bool = False,
 ) -> None:
-    """Write ``parts`` as a dataset at ``dest`` (replaced). ``edit_rows`` changes the manifest's
-    rows after they are recomputed, ``edit_index`` index.json after its manifest checksum is."""
+    """Write ``parts`` as a dataset at ``dest`` (replaced). ``edit_shard(row, shard, entry)``
+    changes row ``row``'s shard bytes in place (``entry``: its manifest row, spans set) before
+    the checksums; ``edit_rows`` changes the manifest's rows after they are recomputed (with
+    ``rechecksum``, each row's checksum is then taken again over the span it names), and
+    ``edit_index`` index.json after its manifest checksum is."""
     if dest.exists():
         shutil.rmtree(dest)
-    rows = []
-    for row, members in zip(parts.rows, parts.members, strict=True):
-        shard = dest / row["shard"] if _inside(row["shard"]) else dest / "shards" / "x.tar"
-        shard.parent.mkdir(parents=True, exist_ok=True)
+    shards: dict[str, list[int]] = {}
+    for i, row in enumerate(parts.rows):
+        relative = row["shard"] if _inside(row["shard"]) else "shards/x.tar"
+        shards.setdefault(relative, []).append(i)
+    rows: list[dict] = [{} for _ in parts.rows]
+    files: dict[str, bytearray] = {}
+    for relative, owners in shards.items():
         out = io.BytesIO()
-        spans = []
         with tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-            for name, data in members:
-                info = tarfile.TarInfo(name)
-                info.size = len(data)
-                spans.append((name, out.tell() + 512, len(data)))
-                tar.addfile(info, io.BytesIO(data))
-        data = out.getvalue()
-        shard.write_bytes(data)
-        members_out = [{"name": n, "offset": o, "size": s} for n, o, s in spans]
-        rows.append(
-            {
-                **row,
-                "offset": 0,
-                "size": len(data),
-                "members": members_out,
-                "checksum": checksum(data),
-            }
-        )
+            for i in owners:
+                start, spans = out.tell(), []
+                for name, data in parts.members[i]:
+                    info = tarfile.TarInfo(name)
+                    info.size = len(data)
+                    spans.append({"name": name, "offset": out.tell() + 512, "size": len(data)})
+                    tar.addfile(info, io.BytesIO(data))
+                rows[i] = {**parts.rows[i], "offset": start, "size": out.tell() - start,
+                           "members": spans}  # fmt: skip
+        data = bytearray(out.getvalue())
+        if len(owners) == 1:  # a shard of its own: the whole tar, end blocks included
+            rows[owners[0]]["size"] = len(data)
+        for i in owners:
+            if edit_shard is not None:
+                edit_shard(i, data, rows[i])
+        files[relative] = data
+    for relative, data in files.items():
+        (dest / relative).parent.mkdir(parents=True, exist_ok=True)
+        (dest / relative).write_bytes(data)
+        for i in shards[relative]:
+            rows[i]["checksum"] = _span_checksum(data, rows[i])
     totals = {  # of the honest rows: like the checksums, recomputed before any lie
         "total_episodes": len(rows),
         "total_frames": sum(r["length"] for r in rows),
@@ -137,6 +155,11 @@ def put_together(
     }
     if edit_rows is not None:
         edit_rows(rows)
+        if rechecksum:
+            for row in rows:
+                data = files.get(row.get("shard"))
+                if data is not None and _span_checksum(data, row) is not None:
+                    row["checksum"] = _span_checksum(data, row)
     manifest = io.BytesIO()
     pq.write_table(_table(rows), manifest)
     (dest / MANIFEST_FILE).write_bytes(manifest.getvalue())
@@ -149,6 +172,35 @@ def put_together(
     for relative, data in parts.others.items():
         (dest / relative).parent.mkdir(parents=True, exist_ok=True)
         (dest / relative).write_bytes(data)
+
+
+def _span_checksum(data: bytearray, row: dict) -> str | None:
+    """The checksum of the span ``row`` names in ``data``, if it names one inside it."""
+    offset, size = row.get("offset"), row.get("size")
+    if not (isinstance(offset, int) and isinstance(size, int)):
+        return None
+    if isinstance(offset, bool) or offset < 0 or size < 0 or offset + size > len(data):
+        return None
+    return checksum(bytes(data[offset : offset + size]))
+
+
+TAR_FIELDS = {"name": (0, 100), "mode": (100, 8), "size": (124, 12), "mtime": (136, 12),
+              "chksum": (148, 8), "typeflag": (156, 1), "linkname": (157, 100),
+              "magic": (257, 6)}  # fmt: skip
+"""Where each field of a ustar header block lies: (offset, length)."""
+
+
+def set_tar_field(
+    shard: bytearray, header: int, field: str, value: bytes, seal: bool = True
+) -> None:
+    """Write ``value`` (NUL-padded) into ``field`` of the tar header block at ``header``; with
+    ``seal``, the block's own checksum is recomputed, so that only the field lies."""
+    at, length = TAR_FIELDS[field]
+    shard[header + at : header + at + length] = value[:length].ljust(length, b"\0")
+    if seal:
+        block = shard[header : header + 512]
+        block[148:156] = b" " * 8
+        shard[header + 148 : header + 156] = b"%06o\0 " % sum(block)
 
 
 def _inside(relative: str) -> bool:
@@ -182,12 +234,17 @@ def _column(values: list, typ: pa.DataType) -> pa.Array:
         return pa.array([json.dumps(v) for v in values])
 
 
-def black_mp4(width: int, height: int, frames: int) -> bytes:
-    """An mp4 of ``frames`` black frames (MPEG-4 part 2: quick to encode at any size)."""
+def black_mp4(
+    width: int, height: int, frames: int, codec: str = "mpeg4", pix_fmt: str = "yuv420p"
+) -> bytes:
+    """An mp4 of ``frames`` black frames (MPEG-4 part 2 by default: quick to encode at any
+    size; ``codec`` and ``pix_fmt`` for a valid video of another kind than a header says)."""
     out = io.BytesIO()
     with av.open(out, "w", format="mp4") as container:
-        stream = container.add_stream("mpeg4", rate=10)
-        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        stream = container.add_stream(codec, rate=10)
+        stream.width, stream.height, stream.pix_fmt = width, height, pix_fmt
+        if codec == "libx264":  # every frame a keyframe: no B-frames, GOPs closed
+            stream.options = {"g": "1", "bf": "0"}
         for _ in range(frames):
             frame = av.VideoFrame.from_ndarray(np.zeros((height, width, 3), np.uint8), "rgb24")
             for packet in stream.encode(frame):

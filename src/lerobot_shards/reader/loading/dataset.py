@@ -43,6 +43,7 @@ __all__ = [
     "DatasetRoot",
     "MixtureMeta",
     "ShardedLeRobotDataset",
+    "node_count",
     "rank_and_world_size",
 ]
 
@@ -56,6 +57,21 @@ def rank_and_world_size() -> tuple[int, int]:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+def node_count(world_size: int) -> int:
+    """Nodes the ``world_size`` ranks run on: ``world_size / LOCAL_WORLD_SIZE`` (torchrun sets
+    it: the ranks of a node, numbered consecutively); without it, all ranks are one node."""
+    local = os.environ.get("LOCAL_WORLD_SIZE")
+    if local is None:
+        return 1
+    local_world = int(local)
+    if local_world < 1 or world_size % local_world:
+        raise ValueError(
+            f"WORLD_SIZE {world_size} is not a whole number of nodes of LOCAL_WORLD_SIZE "
+            f"{local_world} ranks: launch the same number of ranks on every node"
+        )
+    return world_size // local_world
 
 
 class ShardedLeRobotDataset(IterableDataset):
@@ -85,6 +101,11 @@ class ShardedLeRobotDataset(IterableDataset):
     ``delta_timestamps``, ``tolerance_s``, ``image_transforms``, ``return_uint8`` and
     ``video_backend`` shape items as in LeRobot. ``pad=False`` turns off the padding that gives
     every rank and worker the same number of samples (for evaluation).
+
+    ``node_affinity``: with ranks on several nodes (torchrun's ``LOCAL_WORLD_SIZE``), each node
+    reads the same episodes every epoch, shuffled over its ranks and workers; every frame still
+    once per epoch over all ranks (``split_nodes`` in ``reader/plan/partition.py``). None
+    decides (``_resolve_node_affinity``): for now, off.
 
     ``decode_threads``: threads per iterating process that decode the GOPs of the next
     ``decode_ahead`` draws while items are built (FFmpeg runs without the GIL, so they use
@@ -142,6 +163,7 @@ class ShardedLeRobotDataset(IterableDataset):
         pad: bool = True,
         decode_threads: int | None = None,
         trace_dir: str | os.PathLike | None = None,
+        node_affinity: bool | None = None,
     ) -> None:
         super().__init__()
         if buffer_size < 1:
@@ -180,6 +202,8 @@ class ShardedLeRobotDataset(IterableDataset):
         self.pad = pad
         self.video_backend = video_backend
         self.num_workers = 0
+        self._node_affinity_arg = node_affinity
+        self._node_affinity: bool | None = None
         self._budget(1)  # refuses an episode larger than the whole budget
         cat = self.catalog
         frames = [int(m.selection.lengths.sum()) for m in members]
@@ -262,17 +286,29 @@ class ShardedLeRobotDataset(IterableDataset):
         digest of every dataset's and of the samples each contributes per epoch."""
         return self._fingerprint
 
+    @property
+    def node_affinity(self) -> bool:
+        """Whether each node reads the same episodes every epoch (the argument, or what
+        :meth:`_resolve_node_affinity` decides, once)."""
+        if self._node_affinity is None:
+            self._node_affinity = self._resolve_node_affinity()
+        return self._node_affinity
+
+    def _resolve_node_affinity(self) -> bool:
+        """``node_affinity`` as given; None (auto) is off for now."""
+        return bool(self._node_affinity_arg)
+
     def __len__(self) -> int:
         """Samples this rank yields per epoch, over all its DataLoader workers."""
-        parts, num_parts = self._rank_parts()
-        samples = samples_per_part(self.epoch_samples, num_parts, self.pad)
+        parts, num_parts, shares = self._rank_parts()
+        samples = samples_per_part(self.epoch_samples, num_parts, self.pad, shares)
         return sum(samples[p] for p in parts)
 
     @property
     def padding(self) -> int:
         """How many of this rank's samples per epoch are padding (repeats of its own frames)."""
-        parts, num_parts = self._rank_parts()
-        real = samples_per_part(self.epoch_samples, num_parts, False)
+        parts, num_parts, shares = self._rank_parts()
+        real = samples_per_part(self.epoch_samples, num_parts, False, shares)
         return len(self) - sum(real[p] for p in parts)
 
     def memory_stats(self) -> dict[str, int]:
@@ -368,11 +404,11 @@ class ShardedLeRobotDataset(IterableDataset):
             shared_batches=in_worker and self.video_backend == "pyav",
             warm_draws=0 if ctx.ordering.repeat else self.warm_draws,
         )
-        planner, ordering = self._planner, ctx.ordering
+        planner, ordering, nodes = self._planner, ctx.ordering, ctx.nodes
         num_parts, index = ctx.world_size * ctx.workers, first + ctx.worker
 
         def next_part() -> Part:  # the next epoch's fresh part, as the next iteration plans it
-            return planner.fresh_parts(ordering, num_parts, part.epoch + 1)[index]
+            return planner.fresh_parts(ordering, num_parts, part.epoch + 1, nodes)[index]
 
         self.catalog.resolve_filesystems()
         trace = None
@@ -399,6 +435,8 @@ class ShardedLeRobotDataset(IterableDataset):
         state = dict(self.__dict__)
         state["_parent_rank_world"] = rank_and_world_size()
         refuse_accelerate_resharding(state["_parent_rank_world"][1])
+        state["_parent_nodes"] = node_count(state["_parent_rank_world"][1])
+        state["_node_affinity"] = self.node_affinity
         return state
 
     def _layout(self) -> tuple[int, int, int, int]:
@@ -410,10 +448,18 @@ class ShardedLeRobotDataset(IterableDataset):
         rank, world = self.__dict__.get("_parent_rank_world") or rank_and_world_size()
         return rank, world, info.id, info.num_workers
 
-    def _rank_parts(self) -> tuple[list[int], int]:
+    def _nodes(self) -> int:
+        """Nodes the ranks run on, as the training process knows them (``node_count``)."""
+        if get_worker_info() is not None and "_parent_nodes" in self.__dict__:
+            return self.__dict__["_parent_nodes"]
+        return node_count(self._layout()[1])
+
+    def _rank_parts(self) -> tuple[list[int], int, int]:
+        """This rank's parts, the number of parts and of node shares (1 without affinity)."""
         rank, world, _, workers = self._layout()
         parts = [part_index(rank, world, w, workers)[0] for w in range(workers)]
-        return parts, world * workers
+        shares = self._nodes() if self.node_affinity else 1
+        return parts, world * workers, shares
 
     def _budget(self, workers: int) -> PoolBudget:
         """Each part's pool budget and frame cache under ``workers`` DataLoader workers per rank
@@ -435,10 +481,16 @@ class ShardedLeRobotDataset(IterableDataset):
         _, world, worker, workers = self._layout()
         budget = self._budget(workers).pool
         ordering = Ordering(
-            self.seed, self.shuffle, self.buffer_size, budget, self.pad, self.repeat
+            self.seed,
+            self.shuffle,
+            self.buffer_size,
+            budget,
+            self.pad,
+            self.repeat,
+            self.node_affinity,
         )
         in_worker = get_worker_info() is not None
-        return Context(world, worker, workers, in_worker, ordering)
+        return Context(world, worker, workers, in_worker, ordering, self._nodes())
 
     def _decode_threads(self, processes: int) -> int:
         if self.video_backend != "pyav" or not any(m.spec.video_keys for m in self.datasets):

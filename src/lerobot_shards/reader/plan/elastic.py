@@ -18,6 +18,12 @@ drawn position is mapped through the piece's array of frame positions (:class:`P
 epochs keep their reference order untouched. With padding every part yields the same number of
 samples for the rest of the epoch; the next epoch starts fresh with the new layout.
 
+Node affinity (``Ordering.node_affinity`` with ``Layout.nodes > 1``) shapes fresh epochs only:
+a checkpoint records its nodes and affinity, its consumed frames are replayed with its own
+(node-affine) parts, and the rest of its epoch is split as any rest is, over all the new
+layout's parts, whatever their nodes; node affinity, under the new layout's nodes, resumes
+with the next fresh epoch.
+
 A checkpoint taken while such a rest was running records the checkpoint the rest was planned
 from (``origin``): the frames consumed in that epoch are then the origin's plus the first
 draws of each rest part, so elastic resumes nest. With ``repeat=True`` the old parts may stand
@@ -32,7 +38,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from lerobot_shards.reader.plan.mixture import Units
-from lerobot_shards.reader.plan.partition import Pieces, samples_per_part, split_parts
+from lerobot_shards.reader.plan.partition import (
+    Pieces,
+    node_places,
+    samples_per_part,
+    split_nodes,
+    split_parts,
+)
 from lerobot_shards.reader.plan.pool import READER_GROUP, first_draws, plan_part
 
 # Entropy word of the rest split's and the rest pools' random streams: apart from the fresh
@@ -79,10 +91,18 @@ def consumed_per_worker(
 
 @dataclass(frozen=True)
 class Layout:
-    """Ranks and DataLoader workers per rank (0: the process iterates itself, one part)."""
+    """Ranks and DataLoader workers per rank (0: the process iterates itself, one part), and the
+    nodes the ranks run on: ``world_size / nodes`` consecutive ranks per node (torchrun's)."""
 
     world_size: int
     num_workers: int
+    nodes: int = 1
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1 or self.world_size % self.nodes:
+            raise ValueError(
+                f"{self.world_size} ranks cannot run on {self.nodes} nodes of equally many ranks"
+            )
 
     @property
     def workers(self) -> int:
@@ -91,6 +111,20 @@ class Layout:
     @property
     def num_parts(self) -> int:
         return self.world_size * self.workers
+
+    @property
+    def local_world_size(self) -> int:
+        return self.world_size // self.nodes
+
+
+def node_parts(layout: Layout, rank: int) -> list[int]:
+    """The parts of every rank and DataLoader worker on the node of ``rank`` (ranks are
+    numbered node by node, each rank's workers' parts consecutive: ``part_index``)."""
+    if not 0 <= rank < layout.world_size:
+        raise ValueError(f"rank {rank} is outside world_size {layout.world_size}")
+    per_node = layout.local_world_size * layout.workers
+    node = rank // layout.local_world_size
+    return list(range(node * per_node, (node + 1) * per_node))
 
 
 @dataclass(frozen=True)
@@ -103,6 +137,12 @@ class Ordering:
     byte_budget: int | None
     pad: bool
     repeat: bool
+    node_affinity: bool = False
+    """With several nodes, each node reads the same frames every epoch (``split_nodes``)."""
+
+    def node_shares(self, nodes: int) -> int:
+        """Shares a fresh epoch is first cut into over ``nodes`` nodes: 1 without affinity."""
+        return nodes if self.node_affinity else 1
 
 
 @dataclass(frozen=True, eq=False)
@@ -252,21 +292,44 @@ class Planner:
 
     # ------------------------------------------------------------------ parts of an epoch
 
-    def fresh_parts(self, ordering: Ordering, num_parts: int, epoch: int) -> list[Part]:
+    def fresh_parts(
+        self, ordering: Ordering, num_parts: int, epoch: int, nodes: int = 1
+    ) -> list[Part]:
         """A fresh epoch's parts, exactly as the reader streams them: its units split as
-        ``split_parts`` splits episodes."""
-        key = (ordering.seed, ordering.shuffle, ordering.pad, num_parts, epoch)
+        ``split_parts`` splits episodes; with node affinity over ``nodes`` nodes, as
+        ``split_nodes`` splits them, each unit placed where its episode stands in
+        ``node_places`` of every selected episode (so a node's units are the same every epoch
+        whenever the units are)."""
+        shares = ordering.node_shares(nodes)
+        key = (ordering.seed, ordering.shuffle, ordering.pad, num_parts, epoch, shares)
         if key not in self._fresh:
             table = self._table(epoch)[0]
-            split = split_parts(
-                np.arange(len(table.episodes)),
-                table.counts,
-                num_parts,
-                seed=ordering.seed,
-                epoch=epoch,
-                shuffle=ordering.shuffle,
-            )
-            samples = samples_per_part(self.total, num_parts, ordering.pad)
+            units = np.arange(len(table.episodes))
+            if shares > 1:
+                if num_parts % shares:
+                    raise ValueError(f"{num_parts} parts cannot be shared out over {nodes} nodes")
+                every = self._constant.episodes
+                places = node_places(every, ordering.seed, ordering.shuffle)
+                split = split_nodes(
+                    units,
+                    table.counts,
+                    shares,
+                    num_parts // shares,
+                    place=places[np.searchsorted(every, table.episodes)],
+                    seed=ordering.seed,
+                    epoch=epoch,
+                    shuffle=ordering.shuffle,
+                )
+            else:
+                split = split_parts(
+                    units,
+                    table.counts,
+                    num_parts,
+                    seed=ordering.seed,
+                    epoch=epoch,
+                    shuffle=ordering.shuffle,
+                )
+            samples = samples_per_part(self.total, num_parts, ordering.pad, shares)
             if len(self._fresh) >= 8:  # an endless stream plans epoch after epoch: keep few
                 del self._fresh[next(iter(self._fresh))]
             self._fresh[key] = [
@@ -343,11 +406,17 @@ class Planner:
     # ------------------------------------------------------------------ streams
 
     def stream(
-        self, origin: Checkpoint | None, epoch: int, ordering: Ordering, num_parts: int, part: int
+        self,
+        origin: Checkpoint | None,
+        epoch: int,
+        ordering: Ordering,
+        num_parts: int,
+        part: int,
+        nodes: int = 1,
     ) -> Iterator[Part]:
         """The epochs part ``part`` streams in order: the rest planned from ``origin`` (one
         segment per epoch), or the fresh epoch ``epoch``; then, with ``repeat``, fresh epochs
-        on and on."""
+        on and on (over ``nodes`` nodes)."""
         if origin is not None:
             segments = self.segments(origin, ordering, num_parts)
             for parts in segments:
@@ -356,7 +425,7 @@ class Planner:
                 return
             epoch = segments[-1][0].epoch + 1
         while True:
-            yield self.fresh_parts(ordering, num_parts, epoch)[part]
+            yield self.fresh_parts(ordering, num_parts, epoch, nodes)[part]
             if not ordering.repeat:
                 return
             epoch += 1
@@ -369,10 +438,11 @@ class Planner:
         num_parts: int,
         part: int,
         taken: int,
+        nodes: int = 1,
     ) -> tuple[Part, int, Iterator[Part]]:
         """Where a part's stream stands after ``taken`` samples: the epoch's part, the draws
         made in it, and the parts that follow."""
-        stream = self.stream(origin, epoch, ordering, num_parts, part)
+        stream = self.stream(origin, epoch, ordering, num_parts, part, nodes)
         current = next(stream)
         while True:
             if taken < current.num_samples or not ordering.repeat:
@@ -401,9 +471,9 @@ class Planner:
         key = checkpoint
         if key not in self._positions:
             c = checkpoint
-            workers, parts = c.layout.workers, c.layout.num_parts
+            workers, parts, nodes = c.layout.workers, c.layout.num_parts, c.layout.nodes
             located = [
-                self.locate(c.origin, c.epoch, c.ordering, parts, q, 0) for q in range(parts)
+                self.locate(c.origin, c.epoch, c.ordering, parts, q, 0, nodes) for q in range(parts)
             ]
             where = []
             for rank in range(c.layout.world_size):
@@ -413,7 +483,7 @@ class Planner:
                     c.offset, per_worker, c.batch_size, c.ordering.repeat
                 )
                 for q, t in zip(mine, taken, strict=True):
-                    part, k, _ = self.locate(c.origin, c.epoch, c.ordering, parts, q, t)
+                    part, k, _ = self.locate(c.origin, c.epoch, c.ordering, parts, q, t, nodes)
                     where.append((part, k))
             self._positions[key] = where
         return self._positions[key]
@@ -438,7 +508,8 @@ class Planner:
             if part.epoch < epoch:
                 continue
             if part.epoch > epoch:  # this part finished `epoch`: all of it is consumed
-                for earlier in self.stream(c.origin, c.epoch, c.ordering, parts, q):
+                stream = self.stream(c.origin, c.epoch, c.ordering, parts, q, c.layout.nodes)
+                for earlier in stream:
                     if earlier.epoch == epoch:
                         mask[self.ids(epoch, *earlier.frames())] = True
                         break

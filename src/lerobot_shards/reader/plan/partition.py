@@ -5,6 +5,9 @@ number of parts. Every frame lands in exactly one part and part sizes differ by 
 frame, so with padding every part yields the same number of samples and DDP never waits on a
 rank that ran out early.
 
+With node affinity (:func:`split_nodes`) the frames are first cut into one share per node, the
+same every epoch, and each node's share is then split over that node's parts.
+
 A part is a sequence of :class:`Piece` (a frame range of one episode). Parts are returned as
 :class:`Pieces`, an array-backed sequence: a million-episode manifest would cost over a second
 as a list of Python objects, and the planner reads the arrays directly.
@@ -21,6 +24,9 @@ import numpy as np
 # Entropy word that keeps the split's random stream apart from every pool's
 # ([seed, epoch] or [seed, epoch, part]); part indices never reach it.
 _SPLIT_STREAM = 0xFFFF_FFFF
+# Entropy word of the node order ([seed, word]) and of each node's split ([seed, epoch, word,
+# nodes, node, parts per node]): apart from the split's, the rest's, the cycles' and the pools'.
+_NODE_STREAM = 0xFFFF_FFFC
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +136,76 @@ def split_parts(
     """
     if num_parts < 1:
         raise ValueError(f"num_parts must be at least 1, got {num_parts}")
+    episodes, lengths = _checked(episodes, lengths)[:2]
+    if num_parts == 1:
+        return [Pieces(episodes, np.zeros_like(lengths), lengths)]
+    if shuffle:
+        rng = np.random.default_rng([seed, epoch, _SPLIT_STREAM, num_parts])
+        order = rng.permutation(len(episodes))
+        episodes, lengths = episodes[order], lengths[order]
+    return _cut(Pieces(episodes, np.zeros_like(lengths), lengths), num_parts)
+
+
+def split_nodes(
+    episodes: np.ndarray,
+    lengths: np.ndarray,
+    nodes: int,
+    parts_per_node: int,
+    *,
+    place: np.ndarray,
+    seed: int,
+    epoch: int,
+    shuffle: bool = True,
+) -> list[Pieces]:
+    """Node affinity: ``nodes * parts_per_node`` parts, node ``n`` holding parts
+    ``n * parts_per_node`` to ``(n + 1) * parts_per_node - 1``, whose frames are the same
+    every epoch.
+
+    The episodes with at least one frame are laid end to end ascending by ``place`` (each
+    episode's place in an order that does not depend on the epoch: :func:`node_places`; ties by
+    episode) and cut into ``nodes`` contiguous shares whose sizes differ by at most one frame,
+    as :func:`split_parts` cuts. Each share's pieces are then laid end to end in the epoch's
+    order (``default_rng([seed, epoch, 2**32-4, nodes, node, parts_per_node])``; ascending with
+    ``shuffle=False``) and cut into ``parts_per_node`` parts the same way, so parts differ by at
+    most one frame too: a node's share holds ``floor`` or ``ceil(total / nodes)`` frames, a part
+    ``floor(floor(total / nodes) / P) = floor(total / (nodes * P))`` to ``ceil(ceil(total /
+    nodes) / P) = ceil(total / (nodes * P))``, the sizes :func:`split_parts` gives, so padding
+    (:func:`samples_per_part`) is unchanged. Each part's pieces are sorted by episode.
+    """
+    if nodes < 1 or parts_per_node < 1:
+        raise ValueError(f"nodes and parts per node must be at least 1: {nodes}, {parts_per_node}")
+    place = np.asarray(place, dtype=np.int64)
+    if place.shape != np.shape(episodes):
+        raise ValueError("place must give every episode its place")
+    episodes, lengths, kept = _checked(episodes, lengths)
+    place = place[kept]
+    by_place = np.argsort(place, kind="stable")
+    shares = _cut(Pieces(episodes[by_place], np.zeros_like(lengths), lengths[by_place]), nodes)
+    parts = []
+    for node, share in enumerate(shares):
+        if shuffle and parts_per_node > 1:
+            entropy = [seed, epoch, _NODE_STREAM, nodes, node, parts_per_node]
+            order = np.random.default_rng(entropy).permutation(len(share))
+            share = Pieces(share.episodes[order], share.starts[order], share.stops[order])
+        parts += _cut(share, parts_per_node)
+    return parts
+
+
+def node_places(episodes: np.ndarray, seed: int, shuffle: bool = True) -> np.ndarray:
+    """Each episode's place in the order node shares are cut from: a permutation drawn from the
+    seed alone (``default_rng([seed, 2**32-4])``), never from the epoch, so a node reads the
+    same episodes every epoch; the episodes' own order with ``shuffle=False``."""
+    episodes = np.asarray(episodes, dtype=np.int64)
+    if not shuffle:
+        return np.argsort(np.argsort(episodes, kind="stable"), kind="stable")
+    return np.random.default_rng([seed, _NODE_STREAM]).permutation(len(episodes))
+
+
+def _checked(
+    episodes: np.ndarray, lengths: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The episodes with at least one frame and their lengths, sorted by episode, and where
+    each came from in the input; refuses negative lengths and an episode given twice."""
     episodes = np.asarray(episodes, dtype=np.int64)
     lengths = np.asarray(lengths, dtype=np.int64)
     if episodes.shape != lengths.shape or episodes.ndim != 1:
@@ -137,20 +213,21 @@ def split_parts(
     if np.any(lengths < 0):
         bad = int(episodes[np.argmax(lengths < 0)])
         raise ValueError(f"Episode {bad} has a negative frame count")
-    keep = lengths > 0
-    episodes, lengths = episodes[keep], lengths[keep]
-    by_episode = np.argsort(episodes, kind="stable")
-    episodes, lengths = episodes[by_episode], lengths[by_episode]
+    kept = np.flatnonzero(lengths > 0)
+    kept = kept[np.argsort(episodes[kept], kind="stable")]
+    episodes, lengths = episodes[kept], lengths[kept]
     if len(episodes) and np.any(episodes[1:] == episodes[:-1]):
         dup = int(episodes[1:][episodes[1:] == episodes[:-1]][0])
         raise ValueError(f"Episode {dup} is selected twice")
-    if num_parts == 1:
-        return [Pieces(episodes, np.zeros_like(lengths), lengths)]
-    if shuffle:
-        rng = np.random.default_rng([seed, epoch, _SPLIT_STREAM, num_parts])
-        order = rng.permutation(len(episodes))
-        episodes, lengths = episodes[order], lengths[order]
-    ends = np.cumsum(lengths)  # global frame position one past each episode
+    return episodes, lengths, kept
+
+
+def _cut(pieces: Pieces, num_parts: int) -> list[Pieces]:
+    """``pieces`` laid end to end in the given order, cut into ``num_parts`` contiguous ranges
+    of frames whose sizes differ by at most one (the first ``total % num_parts`` one more); each
+    range's pieces sorted by episode."""
+    episodes, offsets, lengths = pieces.episodes, pieces.starts, pieces.counts
+    ends = np.cumsum(lengths)  # global frame position one past each piece
     begins = ends - lengths
     total = int(ends[-1]) if len(ends) else 0
     sizes = np.asarray(samples_per_part(total, num_parts, pad=False), dtype=np.int64)
@@ -161,8 +238,8 @@ def split_parts(
         first = int(np.searchsorted(ends, lo, side="right"))
         last = int(np.searchsorted(begins, hi, side="left"))  # one past the last overlapping
         eps = episodes[first:last]
-        starts = np.maximum(begins[first:last], lo) - begins[first:last]
-        stops = np.minimum(ends[first:last], hi) - begins[first:last]
+        starts = np.maximum(begins[first:last], lo) - begins[first:last] + offsets[first:last]
+        stops = np.minimum(ends[first:last], hi) - begins[first:last] + offsets[first:last]
         sort = np.argsort(eps, kind="stable")
         parts.append(Pieces(eps[sort], starts[sort], stops[sort]))
     return parts
@@ -182,15 +259,23 @@ def part_index(rank: int, world_size: int, worker_id: int, num_workers: int) -> 
     return rank * workers + worker_id, world_size * workers
 
 
-def samples_per_part(total_frames: int, num_parts: int, pad: bool = True) -> list[int]:
+def samples_per_part(
+    total_frames: int, num_parts: int, pad: bool = True, nodes: int = 1
+) -> list[int]:
     """Samples each part yields per epoch.
 
     ``pad=True``: every part yields ``ceil(total / num_parts)``; the ``num_parts * ceil - total
     < num_parts`` extra samples (at most one per part) repeat frames of the part's own.
-    ``pad=False``: each part's own frame count, as :func:`split_parts` makes them.
+    ``pad=False``: each part's own frame count, as :func:`split_parts` makes them (or, with
+    ``nodes`` node shares, :func:`split_nodes`).
     """
     if num_parts < 1:
         raise ValueError(f"num_parts must be at least 1, got {num_parts}")
+    if nodes > 1 and not pad:
+        if num_parts % nodes:
+            raise ValueError(f"{num_parts} parts cannot be shared out over {nodes} nodes")
+        shares = samples_per_part(total_frames, nodes, pad=False)
+        return [n for share in shares for n in samples_per_part(share, num_parts // nodes, False)]
     base, extra = divmod(total_frames, num_parts)
     if not pad:
         return [base + 1] * extra + [base] * (num_parts - extra)

@@ -39,11 +39,12 @@ The state format: a plain dict (JSON-serialisable).
 - ``batch_size``: the DataLoader's, for the round-robin arithmetic over workers.
 - ``world_size``, ``num_workers``: the layout that produced it (``num_workers`` 0 when the rank
   iterated in process). A full state without them (``num_workers`` None, written by earlier
-  versions when it was unknown) is refused: nothing can make its resume exact.
-- ``seed``, ``shuffle``, ``buffer_size``, ``byte_budget`` (bytes or None), ``pad``, ``repeat``:
-  the settings that shape the order. ``byte_budget`` is each part's pool budget for fetched
-  episodes: the rank's ``byte_budget_gb`` split over the layout's DataLoader workers, less each
-  worker's frame cache.
+  versions when it was unknown) is refused: nothing can make its resume exact. ``nodes``: the
+  nodes its ranks ran on (a state without it, from earlier versions, ran on one).
+- ``seed``, ``shuffle``, ``buffer_size``, ``byte_budget`` (bytes or None), ``pad``, ``repeat``,
+  ``node_affinity`` (False when absent): the settings that shape the order. ``byte_budget`` is
+  each part's pool budget for fetched episodes: the rank's ``byte_budget_gb`` split over the
+  layout's DataLoader workers, less each worker's frame cache.
 - ``fingerprint``: ``format.manifest_fingerprint`` of the selected episodes' manifest rows (of a
   mixture: a digest of every dataset's, in order, and of the samples each contributes per
   epoch). Loading a state of another dataset, episode selection or weighting is refused with a
@@ -58,12 +59,15 @@ assuming the current layout and settings; having no fingerprint, it warns
 (``UncheckedStateWarning``) that nothing checks its dataset. Without ``repeat``, any state whose
 offset is past the end of its epoch is refused. A full state whose layout and settings match the
 current ones resumes the very same stream. Otherwise (another world size, another number of
-DataLoader workers, another seed, pool size, budget, padding or repeat) the resume is elastic
+DataLoader workers, another seed, pool size, budget, padding or repeat, node affinity turned on
+or off, or, with node affinity, another number of nodes) the resume is elastic
 (``elastic.py``): the frames the checkpoint consumed are found by replaying the old layout's
 planner (first draws of each old part), and the rest of the epoch is split over the new layout,
 every frame still exactly once, every part still yielding the same number of samples; the next
-epoch starts fresh under the new layout. The resume is planned in the main process (for the
-workers ``ds.num_workers`` says) and checked against the workers when they start.
+epoch starts fresh under the new layout (node affinity included: the rest is split over all the
+new parts, the node shares return with the next fresh epoch). The resume is planned in the main
+process (for the workers ``ds.num_workers`` says) and checked against the workers when they
+start.
 """
 
 from __future__ import annotations
@@ -116,6 +120,7 @@ def describe(
     ordering: Ordering,
     fingerprint: str,
     origin: Checkpoint | None = None,
+    nodes: int = 1,
 ) -> dict[str, Any]:
     """A state dict in the format the module docstring describes."""
     state = {
@@ -124,12 +129,14 @@ def describe(
         "batch_size": batch_size,
         "world_size": world_size,
         "num_workers": num_workers,
+        "nodes": nodes,
         "seed": ordering.seed,
         "shuffle": ordering.shuffle,
         "buffer_size": ordering.buffer_size,
         "byte_budget": ordering.byte_budget,
         "pad": ordering.pad,
         "repeat": ordering.repeat,
+        "node_affinity": ordering.node_affinity,
         "fingerprint": fingerprint,
     }
     if origin is not None:
@@ -143,6 +150,7 @@ def describe(
             c.ordering,
             fingerprint,
             c.origin,
+            c.layout.nodes,
         )
     return state
 
@@ -163,7 +171,7 @@ def checkpoint_of(state: Mapping[str, Any]) -> Checkpoint:
             epoch=int(state["epoch"]),
             offset=int(state["offset"]),
             batch_size=max(1, int(state.get("batch_size") or 1)),
-            layout=Layout(int(state["world_size"]), int(workers)),
+            layout=Layout(int(state["world_size"]), int(workers), int(state.get("nodes", 1))),
             ordering=Ordering(
                 int(state["seed"]),
                 bool(state["shuffle"]),
@@ -171,6 +179,7 @@ def checkpoint_of(state: Mapping[str, Any]) -> Checkpoint:
                 None if state["byte_budget"] is None else int(state["byte_budget"]),
                 bool(state["pad"]),
                 bool(state["repeat"]),
+                bool(state.get("node_affinity", False)),
             ),
             origin=None if origin is None else checkpoint_of(origin),
         )
@@ -194,6 +203,12 @@ class Context:
     """DataLoader workers per rank, at least 1."""
     in_worker: bool
     ordering: Ordering
+    nodes: int = 1
+    """Nodes the ranks run on (``world_size / nodes`` consecutive ranks each)."""
+
+    @property
+    def layout(self) -> Layout:
+        return Layout(self.world_size, self.workers, self.nodes)
 
 
 class Position:
@@ -253,7 +268,15 @@ class Position:
 
         def describe_here(epoch, offset, workers, origin):
             return describe(
-                epoch, offset, b, ctx.world_size, workers, ctx.ordering, fingerprint, origin
+                epoch,
+                offset,
+                b,
+                ctx.world_size,
+                workers,
+                ctx.ordering,
+                fingerprint,
+                origin,
+                ctx.nodes,
             )
 
         if num_samples is not None:
@@ -325,17 +348,17 @@ class Position:
         self.next = (epoch, offset)
         if "world_size" in state:  # a full state: the layout and settings are known
             checkpoint = checkpoint_of(state)
-            same = (checkpoint.layout.world_size, checkpoint.layout.workers) == (
-                ctx.world_size,
-                ctx.workers,
-            )
+            theirs, ours = checkpoint.layout, ctx.layout
+            same = (theirs.world_size, theirs.workers) == (ours.world_size, ours.workers)
+            shares = checkpoint.ordering.node_shares(theirs.nodes)
+            same = same and shares == ctx.ordering.node_shares(ours.nodes)
             if same and checkpoint.ordering == ctx.ordering:
                 self.next_origin = checkpoint.origin
             elif worker_state:
                 raise ValueError(
                     "this is a StatefulDataLoader worker's state, taken under another layout or "
-                    "other settings (world size, workers, seed, shuffle, buffer, budget, pad, "
-                    "repeat): elastic resume needs the rank's state, "
+                    "other settings (world size, workers, nodes, seed, shuffle, buffer, budget, "
+                    "pad, repeat, node affinity): elastic resume needs the rank's state, "
                     "ds.state_dict(num_samples=..., batch_size=...)"
                 )
             else:
@@ -364,9 +387,9 @@ class Position:
         num_parts = ctx.world_size * ctx.workers
         roles = [int(state["role"])] if self.worker_state else range(ctx.workers)
         samples = sum(
-            planner.locate(self.next_origin, epoch, ctx.ordering, num_parts, first_part + r, 0)[
-                0
-            ].num_samples
+            planner.locate(
+                self.next_origin, epoch, ctx.ordering, num_parts, first_part + r, 0, ctx.nodes
+            )[0].num_samples
             for r in roles
         )
         if offset > samples:
@@ -410,7 +433,7 @@ class Position:
         else:
             ordering = ctx.ordering
             per_worker = [
-                planner.locate(origin, epoch, ordering, num_parts, first_part + w, 0)[0]
+                planner.locate(origin, epoch, ordering, num_parts, first_part + w, 0, ctx.nodes)[0]
                 for w in range(workers)
             ]
             consumed, nxt = consumed_per_worker(
@@ -419,7 +442,7 @@ class Position:
             role = (nxt + ctx.worker) % workers
             taken = consumed[role]
         part, k, following = planner.locate(
-            origin, epoch, ctx.ordering, num_parts, first_part + role, taken
+            origin, epoch, ctx.ordering, num_parts, first_part + role, taken, ctx.nodes
         )
         if origin is not None:
             self.next = (part.epoch + 1, 0)
