@@ -58,6 +58,18 @@ def pytest_configure(config: pytest.Config) -> None:
     multiprocessing.set_forkserver_preload(["torch", "av", "lerobot_shards.reader.loading.dataset"])
 
 
+@pytest.fixture(autouse=True)
+def episode_cache_dir(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> Path:
+    """Each test's default cache of remote episodes in a folder of its own (never the user's
+    cache, and never an earlier test's: entries are keyed by content, and tests that convert
+    the same data would otherwise read each other's)."""
+    folder = tmp_path_factory.mktemp("episode-cache")
+    monkeypatch.setenv("LEROBOT_SHARDS_CACHE_DIR", str(folder))
+    return folder
+
+
 @pytest.fixture(scope="session")
 def golden_dir() -> Path:
     """Folder of the golden datasets and their recorded items (see its README.md)."""

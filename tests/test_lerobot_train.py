@@ -4,11 +4,15 @@ step what ``update_policy`` received (``support/train_recorder.py``). Coverage i
 against the golden datasets' frame counts, never against the reader: every frame exactly once
 per epoch across ranks, new orders each epoch, a run killed after a checkpoint resumed with
 ``--resume=true`` consuming what the uninterrupted run consumed (on 2 processes, and the rest of
-that epoch on 1), a diffusion policy, a weighted mixture, LeRobot's eval split, refusals.
-Needs LeRobot with its training extra (CI's LeRobot env)."""
+that epoch on 1), a diffusion policy, a weighted mixture, LeRobot's eval split (the frames
+trained on and evaluated against LeRobot's own split), the camera frames the policy is fed
+against LeRobot's recorded items (equal untransformed, changed by
+``--dataset.image_transforms.*``), every reader option and LeRobot dataset setting reaching the
+reader, refusals. Needs LeRobot with its training extra (CI's LeRobot env)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -16,8 +20,11 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 from support.required import importorskip
+
+from lerobot_shards import ShardedLeRobotDataset
 
 importorskip("lerobot", reason="LeRobot is optional; CI's LeRobot env runs this")
 importorskip("accelerate", reason="lerobot[training] is optional; CI's LeRobot env runs this")
@@ -25,6 +32,7 @@ importorskip("accelerate", reason="lerobot[training] is optional; CI's LeRobot e
 RECORDER = Path(__file__).parent / "support" / "train_recorder.py"
 BIN = Path(sys.executable).parent
 GOLDEN_FRAMES = 74  # av1_multifile and v21_video, by their meta/info.json
+CAMERAS = ["observation.images.cam_high", "observation.images.cam_left_wrist"]
 BATCH = 8
 TINY_ACT = [
     "--policy.type=act",
@@ -97,6 +105,45 @@ def flat(steps: list[dict]) -> list[int]:
     return [i for step in steps for i in step["index"]]
 
 
+def last_records(workdir: Path) -> Path:
+    """The records folder of the last run in ``workdir``."""
+    return max(workdir.glob("records-*"), key=lambda path: int(path.name.split("-")[1]))
+
+
+def datasets_of(workdir: Path) -> dict:
+    """The readers the last run built (support/train_recorder.py), as the reader holds them."""
+    return json.loads((last_records(workdir) / "datasets-rank-0.json").read_text())
+
+
+def eval_passes(workdir: Path) -> dict[int, list[int]]:
+    """Each pass of the last run through its eval loader: the indices it gave, in order."""
+    passes: dict[int, list[int]] = {}
+    for line in (last_records(workdir) / "eval-rank-0.jsonl").read_text().splitlines():
+        batch = json.loads(line)
+        passes.setdefault(batch["pass"], []).extend(batch["index"])
+    return passes
+
+
+@pytest.fixture(scope="module")
+def lerobots_items(golden_dir: Path) -> dict:
+    """What LeRobot's own dataset returned for av1_multifile (recorded with LeRobot 0.6.1):
+    index -> its episode and, per camera, the frame as the trainer gets it (uint8, as
+    LeRobot's factory asks) described by dtype, shape and SHA-1."""
+    recorded = np.load(golden_dir / "av1_multifile.items.npz")
+    items: dict[int, dict] = {}
+    for i in range(GOLDEN_FRAMES):
+        items[i] = {"episode": int(recorded[f"{i}|episode_index"])}
+        for key in CAMERAS:
+            frame = np.round(recorded[f"{i}|{key}"] * 255).astype(np.uint8)  # float32 u / 255
+            items[i][key] = ["torch.uint8", list(frame.shape), hashlib.sha1(frame).hexdigest()]
+    return items
+
+
+def camera_samples(steps: list[dict], key: str) -> list[tuple[int, list]]:
+    """(index, [dtype, shape, digest]) of every sample the trainer took, for camera ``key``."""
+    return [(i, frame) for step in steps for i, frame in zip(step["index"], step[key], strict=True)]
+
+
 @pytest.fixture(scope="module")
 def two_process_run(av1, tmp_path_factory):
     """``accelerate launch``, 2 processes, 1 worker each, 10 steps (two epochs), a checkpoint
@@ -108,7 +155,7 @@ def two_process_run(av1, tmp_path_factory):
     return args, records, out
 
 
-def test_one_process_every_frame_once_per_epoch_new_order_each(av1, tmp_path):
+def test_one_process_every_frame_once_per_epoch_new_order_each(av1, lerobots_items, tmp_path):
     records, _ = train(
         tmp_path, "--shards", str(av1), *TINY_ACT, "--steps=20", "--num_workers=2",
         "--save_freq=10", f"--output_dir={tmp_path / 'out'}",
@@ -122,6 +169,9 @@ def test_one_process_every_frame_once_per_epoch_new_order_each(av1, tmp_path):
     assert epochs[0] != epochs[1]
     saved = tmp_path / "out/checkpoints/000010/training_state/lerobot_shards.json"
     assert json.loads(saved.read_text())["data"]["epoch"] == 0  # 10 batches: epoch 0, all of it
+    for key in CAMERAS:  # no transforms: the policy is fed LeRobot's own frames
+        for index, frame in camera_samples(steps, key):
+            assert frame == lerobots_items[index][key], (index, key)
 
 
 def test_two_processes_every_frame_once_per_epoch(two_process_run):
@@ -257,11 +307,77 @@ def test_eval_split_holds_out_the_episodes_lerobot_holds_out(av1, golden_dir, tm
         theirs_train.meta.stats["observation.images.cam_high"]["mean"].tolist()
     )  # ImageNet's, as LeRobot sets them
 
-    _, proc = train(
+    theirs_train_frames = theirs_train.hf_dataset.data.column("index").to_pylist()
+    theirs_eval_frames = theirs_eval.hf_dataset.data.column("index").to_pylist()
+
+    # 0.4 of av1's tasks: episodes 0 and 1 trained on (13 frames: 2 batches of 8 per epoch),
+    # 2 to 5 held out; 4 steps are 2 epochs, evaluated after steps 2 and 4
+    records, proc = train(
         tmp_path, "--shards", str(av1), *TINY_ACT, "--steps=4", "--num_workers=1",
         "--dataset.eval_split=0.4", "--eval_steps=2", f"--output_dir={tmp_path / 'out'}",
     )  # fmt: skip
     assert "eval_loss=" in proc.stderr + proc.stdout
+    (steps,) = records
+    epochs = epochs_of(steps, len(theirs_train_frames))
+    assert len(epochs) == 2
+    for epoch in epochs:  # every frame of LeRobot's train split once, none held out
+        assert Counter(epoch) == Counter(theirs_train_frames)
+    assert not set(flat(steps)) & set(theirs_eval_frames)
+    passes = eval_passes(tmp_path)
+    assert sorted(passes) == [1, 2]
+    for indices in passes.values():  # every held-out frame once per evaluation
+        assert Counter(indices) == Counter(theirs_eval_frames)
+    built = datasets_of(tmp_path)
+    assert built["train"]["episodes"] == sorted(theirs_train.episodes)
+    assert built["eval"]["episodes"] == sorted(theirs_eval.episodes)
+    assert (built["eval"]["shuffle"], built["eval"]["pad"]) == (False, False)
+
+
+def test_reader_options_and_lerobots_dataset_settings_reach_the_reader(
+    av1, lerobots_items, tmp_path
+):
+    """One run with every reader option and LeRobot dataset setting away from its default:
+    each reaches the reader the trainer streams from, and the policy is fed what they say."""
+    records, _ = train(
+        tmp_path, "--shards", str(av1), "--buffer-size", "2", "--byte-budget-gb", "0.5",
+        "--storage-options", '{"auto_mkdir": true}', *TINY_ACT, "--dataset.episodes=[4,0,2]",
+        "--dataset.video_backend=pyav", "--tolerance_s=0.001", "--seed=7",
+        "--dataset.image_transforms.enable=true", "--steps=8", "--num_workers=1",
+        f"--output_dir={tmp_path / 'out'}",
+    )  # fmt: skip
+    (steps,) = records
+    built = datasets_of(tmp_path)["train"]
+    assert built["root"] == str(av1)
+    assert built["buffer_size"] == 2
+    assert built["byte_budget"] == 500_000_000
+    assert built["storage_options"] == [{"auto_mkdir": True}]
+    assert built["video_backend"] == "pyav"  # LeRobot's default here is torchcodec
+    assert built["seed"] == 7
+    assert built["episodes"] == [0, 2, 4]
+    assert built["image_transforms"] == "ImageTransforms"
+
+    # episodes 0, 2 and 4 (LeRobot's recorded items say which frames): 59 frames, 8 batches
+    selected = [i for i, item in lerobots_items.items() if item["episode"] in (0, 2, 4)]
+    consumed = flat(steps)
+    assert sorted(consumed) == selected
+    # --seed and --buffer-size are the order: the reader's for seed 7 and 2 episodes resident
+    order = {
+        (seed, buffer): [
+            int(item["index"])
+            for item in ShardedLeRobotDataset(av1, episodes=[0, 2, 4], seed=seed,
+                                              buffer_size=buffer)
+        ]
+        for seed, buffer in [(7, 2), (8, 2), (7, 64)]
+    }  # fmt: skip
+    assert consumed == order[7, 2]
+    assert order[7, 2] != order[8, 2] and order[7, 2] != order[7, 64]
+
+    # the transforms change what the policy is fed: same dtype and shape, other pixels
+    for key in CAMERAS:
+        samples = camera_samples(steps, key)
+        assert all(frame[:2] == lerobots_items[i][key][:2] for i, frame in samples), key
+        changed = sum(frame[2] != lerobots_items[i][key][2] for i, frame in samples)
+        assert changed > len(samples) / 2, (key, changed, len(samples))
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ import json
 import os
 import sys
 import tempfile
+from collections.abc import Callable
 from contextlib import ExitStack
 
 import click
@@ -52,6 +53,36 @@ BYTE_BUDGET = click.option(
     type=click.FloatRange(min=0, min_open=True),
     help="Bytes resident for each process (rank), split over its workers (default: no limit).",
 )
+
+
+def cache_options(command: Callable) -> Callable:
+    """``--cache/--no-cache``, ``--cache-dir``, ``--cache-limit-gb``: the reader's node-local
+    episode cache (``ShardedLeRobotDataset``'s ``cache``, ``cache_dir``, ``cache_limit_gb``)."""
+    command = click.option(
+        "--cache-limit-gb",
+        type=click.FloatRange(min=0, min_open=True),
+        help="Most bytes the cache holds (default: half the disk's free space and what the "
+        "cache holds, never below a floor of free space).",
+    )(command)
+    command = click.option(
+        "--cache-dir",
+        type=click.Path(file_okay=False),
+        help="The cache folder, shared by every process on the node (default: "
+        "$LEROBOT_SHARDS_CACHE_DIR, else ~/.cache/lerobot-shards). Caches any root.",
+    )(command)
+    return click.option(
+        "--cache/--no-cache",
+        "cache",
+        default=None,
+        help="Cache fetched episodes on local disk (default: remote roots only).",
+    )(command)
+
+
+def cache_settings(cache: bool | None, cache_dir: str | None, limit: float | None) -> dict:
+    """The dataset arguments of :func:`cache_options`' flags (an explicit folder caches)."""
+    if cache is None and cache_dir is not None:
+        cache = True
+    return {"cache": cache, "cache_dir": cache_dir, "cache_limit_gb": limit}
 
 
 @click.group()
@@ -251,6 +282,7 @@ def parse_weights(spec: str | None, count: int) -> list[float] | None:
     show_default=True,
     help="Seconds between progress lines.",
 )
+@cache_options
 @click.option(
     "--report",
     "report_path",
@@ -262,7 +294,8 @@ def stream(
     roots: tuple[str, ...], weights: str | None, workers: int, batch_size: int,
     seconds: float | None, epochs: int | None,
     buffer_size: int, byte_budget_gb: float | None, uint8: bool, seed: int,
-    decode_threads: int | None, interval: float, report_path: str | None,
+    decode_threads: int | None, interval: float, cache: bool | None, cache_dir: str | None,
+    cache_limit_gb: float | None, report_path: str | None,
 ) -> None:  # fmt: skip
     """Stream the converted dataset at ROOT (several ROOTS: their mixture) through a
     DataLoader and print what it delivers: samples/s, camera frames/s, shard MB/s and the
@@ -283,7 +316,10 @@ def stream(
                 "--report draws with matplotlib: pip install 'lerobot-shards[report]'"
             ) from None
     with ExitStack() as running:
-        options: dict = {"decode_threads": decode_threads}
+        options: dict = {
+            "decode_threads": decode_threads,
+            **cache_settings(cache, cache_dir, cache_limit_gb),
+        }
         log = None
         if report_path is not None:
             from lerobot_shards.report import MemorySampler, RunLog
@@ -350,10 +386,12 @@ def stream(
 )
 @BUFFER_SIZE
 @BYTE_BUDGET
+@cache_options
 @click.pass_context
 def train(
     ctx: click.Context, roots: tuple[str, ...], weights: str | None, storage_options: str,
-    buffer_size: int, byte_budget_gb: float | None,
+    buffer_size: int, byte_budget_gb: float | None, cache: bool | None, cache_dir: str | None,
+    cache_limit_gb: float | None,
 ) -> None:  # fmt: skip
     """Train with LeRobot's own trainer, lerobot-train, on shards: every other argument is
     lerobot-train's (--policy.type=act, --steps, --batch_size, --num_workers, --output_dir,
@@ -381,6 +419,7 @@ def train(
             storage_options=options,
             buffer_size=buffer_size,
             byte_budget_gb=byte_budget_gb,
+            **cache_settings(cache, cache_dir, cache_limit_gb),
         )
     try:
         run_train(shards, ctx.args)

@@ -145,14 +145,13 @@ def summary(log: RunLog, traces: dict[str, list[dict[str, Any]]]) -> list[tuple[
     return rows
 
 
-def draw(log: RunLog, traces: dict[str, list[dict[str, Any]]], title: str) -> bytes:
-    """The report's picture as PNG bytes: six panels."""
-    import matplotlib
+def figure(log: RunLog, traces: dict[str, list[dict[str, Any]]], title: str) -> Any:
+    """The report's picture, a matplotlib ``Figure`` of six panels (a 2 x 3 grid), made
+    without pyplot: nothing global to select or close."""
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(2, 3, figsize=(18, 9.5))
+    fig = Figure(figsize=(18, 9.5))
+    axes = fig.subplots(2, 3)
     fig.suptitle(title)
     _rate(axes[0, 0], log)
     _worker_times(axes[0, 1], traces)
@@ -161,9 +160,13 @@ def draw(log: RunLog, traces: dict[str, list[dict[str, Any]]], title: str) -> by
     _mixing(axes[1, 1], log)
     _gpu(axes[1, 2], log)
     fig.tight_layout()
+    return fig
+
+
+def draw(log: RunLog, traces: dict[str, list[dict[str, Any]]], title: str) -> bytes:
+    """The report's picture as PNG bytes."""
     out = io.BytesIO()
-    fig.savefig(out, format="png", dpi=80)
-    plt.close(fig)
+    figure(log, traces, title).savefig(out, format="png", dpi=80)
     return out.getvalue()
 
 

@@ -8,6 +8,9 @@ own), ``--dataset.image_transforms.*``, ``--dataset.episodes``, ``--dataset.vide
 factory asks), ``--dataset.use_imagenet_stats``, and ``--dataset.eval_split``: the last
 ``ceil(n * eval_split)`` episodes of each task held out, as LeRobot holds them out. A setting
 that cannot apply to the shards is refused, naming its flag.
+
+LeRobot's helpers are imported where they are used: the refusals, the split and ``Shards`` are
+pure, checked without LeRobot.
 """
 
 from __future__ import annotations
@@ -18,9 +21,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from lerobot.datasets.factory import resolve_delta_timestamps
-from lerobot.transforms import ImageTransforms
-from lerobot.utils.constants import IMAGENET_STATS
 
 from lerobot_shards.reader.loading.dataset import ShardedLeRobotDataset
 from lerobot_shards.train.arguments import RefusedArgument
@@ -36,6 +36,9 @@ class Shards:
     storage_options: dict = field(default_factory=dict)
     buffer_size: int = 64
     byte_budget_gb: float | None = None
+    cache: bool | None = None
+    cache_dir: str | None = None
+    cache_limit_gb: float | None = None
 
     def open(self, **options: Any) -> ShardedLeRobotDataset:
         """The reader over these shards, with the item ``options`` of a LeRobot dataset."""
@@ -46,6 +49,9 @@ class Shards:
             storage_options=self.storage_options,
             buffer_size=self.buffer_size,
             byte_budget_gb=self.byte_budget_gb,
+            cache=self.cache,
+            cache_dir=self.cache_dir,
+            cache_limit_gb=self.cache_limit_gb,
             return_uint8=True,
             **options,
         )
@@ -101,6 +107,9 @@ def make_datasets(
     """The train dataset and, with ``--dataset.eval_split``, the eval dataset (every held-out
     frame once, unshuffled, unpadded, untransformed), as LeRobot's ``make_train_eval_datasets``
     returns them."""
+    from lerobot.datasets.factory import resolve_delta_timestamps
+    from lerobot.transforms import ImageTransforms
+
     check_config(cfg, shards)
     data = cfg.dataset
     full = shards.open(episodes=data.episodes)
@@ -140,6 +149,8 @@ def make_datasets(
 def use_imagenet_stats(meta: Any) -> None:
     """ImageNet's mean and std for every camera but depth maps, as LeRobot's factory sets
     them (``--dataset.use_imagenet_stats``, on by default)."""
+    from lerobot.utils.constants import IMAGENET_STATS
+
     if meta.stats is None:
         return
     for key in meta.camera_keys:

@@ -21,6 +21,7 @@ import logging
 import math
 import os
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
@@ -126,7 +127,6 @@ class CacheStore:
         self.directory = Path(directory)
         self.entries_dir = self.directory / "entries"
         self.tmp_dir = self.directory / "tmp"
-        self._explicit = (limit_bytes, min_free_bytes)
         self._pid = -1
         try:
             self._open()
@@ -147,25 +147,40 @@ class CacheStore:
         return (CacheStore, (self.directory, self.limit, self.min_free))
 
     def _open(self) -> None:
-        """Connect (again, in a forked child: a connection never crosses a fork)."""
+        """This process's hold on the folder (again in a forked child: a connection never
+        crosses a fork); connections are made per thread (:meth:`_conn`)."""
         for folder in (self.directory, self.entries_dir, self.tmp_dir):
             folder.mkdir(parents=True, exist_ok=True)
         self._lock_fd = os.open(self.directory / "lock", os.O_RDWR | os.O_CREAT, 0o644)
         fcntl.flock(self._lock_fd, fcntl.LOCK_SH)
-        self._db = sqlite3.connect(
-            self.directory / "cache.db", timeout=BUSY_TIMEOUT_S, isolation_level=None
-        )
-        if self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0] != "wal":
-            raise sqlite3.OperationalError("WAL journal mode is not available here")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(SCHEMA)
         self._me = files.me()
         self._pid = os.getpid()
+        self._local = threading.local()
+        self._connections: list[sqlite3.Connection] = []
+        self._connections_lock = threading.Lock()
+        self._conn().executescript(SCHEMA)
 
     def _conn(self) -> sqlite3.Connection:
+        """This thread's connection: a reader's fetch threads use the store at once, and one
+        SQLite connection serves one thread."""
         if self._pid != os.getpid():
             self._open()
-        return self._db
+        db = getattr(self._local, "db", None)
+        if db is None:
+            # check_same_thread=False only so that close() may close it from another thread
+            db = sqlite3.connect(
+                self.directory / "cache.db",
+                timeout=BUSY_TIMEOUT_S,
+                isolation_level=None,
+                check_same_thread=False,
+            )
+            if db.execute("PRAGMA journal_mode=WAL").fetchone()[0] != "wal":
+                raise sqlite3.OperationalError("WAL journal mode is not available here")
+            db.execute("PRAGMA synchronous=NORMAL")
+            self._local.db = db
+            with self._connections_lock:
+                self._connections.append(db)
+        return db
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
@@ -385,7 +400,10 @@ class CacheStore:
 
     def close(self) -> None:
         if self._pid == os.getpid():
-            self._db.close()
+            with self._connections_lock:
+                for db in self._connections:
+                    db.close()
+                self._connections.clear()
             os.close(self._lock_fd)
         self._pid = -1
 

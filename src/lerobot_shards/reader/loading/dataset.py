@@ -23,15 +23,18 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from lerobot_shards.items import ItemSpec
+from lerobot_shards.reader.fetch.cache import default_cache_dir
+from lerobot_shards.reader.fetch.cached import CachedReads
 from lerobot_shards.reader.frames.allocator import tune_worker_malloc
 from lerobot_shards.reader.frames.decode import check_backend
 from lerobot_shards.reader.loading.accelerate_guard import refuse_accelerate_resharding
+from lerobot_shards.reader.loading.node_cache import NodeSchedule
 from lerobot_shards.reader.loading.stream import StreamOptions, decode_thread_count, stream_part
 from lerobot_shards.reader.loading.worker_epochs import WorkerEpochs
 from lerobot_shards.reader.meta.catalog import Catalog, DatasetRoot, ItemOptions, Member, as_sources
 from lerobot_shards.reader.meta.metadata import DatasetMeta, MixtureMeta, Selection
 from lerobot_shards.reader.meta.schema import check_batchable, item_schema
-from lerobot_shards.reader.plan.elastic import Ordering, Part, Planner
+from lerobot_shards.reader.plan.elastic import Layout, Ordering, Part, Planner, node_parts
 from lerobot_shards.reader.plan.mixture import MixturePlan, samples_per_dataset
 from lerobot_shards.reader.plan.partition import part_index, samples_per_part
 from lerobot_shards.reader.plan.pool_budget import PoolBudget, split_budget
@@ -104,8 +107,10 @@ class ShardedLeRobotDataset(IterableDataset):
 
     ``node_affinity``: with ranks on several nodes (torchrun's ``LOCAL_WORLD_SIZE``), each node
     reads the same episodes every epoch, shuffled over its ranks and workers; every frame still
-    once per epoch over all ranks (``split_nodes`` in ``reader/plan/partition.py``). None
-    decides (``_resolve_node_affinity``): for now, off.
+    once per epoch over all ranks (``split_nodes`` in ``reader/plan/partition.py``), so a
+    node's cache keeps its own share. None (default): on where it saves downloads, when a cache
+    is in use on more than one node, unless an explicit ``cache_limit_gb`` holds the whole
+    dataset (the choice must be the same on every rank, so it never depends on a node's disk).
 
     ``decode_threads``: threads per iterating process that decode the GOPs of the next
     ``decode_ahead`` draws while items are built (FFmpeg runs without the GIL, so they use
@@ -119,6 +124,15 @@ class ShardedLeRobotDataset(IterableDataset):
     ``trace_dir``: each iterating process appends where its time goes (fetching, decoding,
     waiting) to a file in this local folder, for ``lerobot-shards stream --report``
     (``trace.py``).
+
+    ``cache``, ``cache_dir``, ``cache_limit_gb``: a node-local disk cache of fetched episodes,
+    shared by every rank, worker and job on the node, so that later epochs do not download
+    again (``reader/fetch/cache.py``, ``docs/cache.md``). ``cache=None`` (default) caches remote
+    roots (object storage, HTTP, the Hub) and not local ones; ``True`` caches any root (a
+    shared filesystem's too), ``False`` none. ``cache_dir`` defaults to
+    ``$LEROBOT_SHARDS_CACHE_DIR``, else the user's cache folder; ``cache_limit_gb`` to a share
+    of the disk that never fills it. What it keeps follows the plan: what this node reads
+    soonest (``reader/plan/next_use.py``).
 
     Epochs, ``state_dict``/``load_state_dict`` and the state format: ``reader/plan/state.py``.
 
@@ -163,6 +177,9 @@ class ShardedLeRobotDataset(IterableDataset):
         pad: bool = True,
         decode_threads: int | None = None,
         trace_dir: str | os.PathLike | None = None,
+        cache: bool | None = None,
+        cache_dir: str | os.PathLike | None = None,
+        cache_limit_gb: float | None = None,
         node_affinity: bool | None = None,
     ) -> None:
         super().__init__()
@@ -220,6 +237,13 @@ class ShardedLeRobotDataset(IterableDataset):
             )
             epoch_units = plan.units
         self._planner = Planner(cat.episodes, cat.lengths, cat.cost, epoch_units)
+        if cache is None:
+            cache = any(not m.is_local for m in members)
+        self.cache: CachedReads | None = None
+        """The node-local episode cache this dataset reads through (None: uncached)."""
+        if cache:
+            limit = None if cache_limit_gb is None else int(cache_limit_gb * GB)
+            self.cache = CachedReads(cache_dir or default_cache_dir(), limit)
         weighting = None if epoch_units is None else self.samples_per_dataset.tolist()
         self._fingerprint = cat.fingerprint(weighting)
         self._position = Position()
@@ -295,8 +319,14 @@ class ShardedLeRobotDataset(IterableDataset):
         return self._node_affinity
 
     def _resolve_node_affinity(self) -> bool:
-        """``node_affinity`` as given; None (auto) is off for now."""
-        return bool(self._node_affinity_arg)
+        """``node_affinity`` as given; None (auto): a cache in use on more than one node that
+        an explicit limit does not make large enough for the whole dataset."""
+        if self._node_affinity_arg is not None:
+            return bool(self._node_affinity_arg)
+        if self.cache is None or self._nodes() < 2:
+            return False
+        limit = self.cache.limit_bytes
+        return limit is None or limit < int(self.catalog.sizes.sum())
 
     def __len__(self) -> int:
         """Samples this rank yields per epoch, over all its DataLoader workers."""
@@ -411,6 +441,12 @@ class ShardedLeRobotDataset(IterableDataset):
             return planner.fresh_parts(ordering, num_parts, part.epoch + 1, nodes)[index]
 
         self.catalog.resolve_filesystems()
+        node = None
+        if self.cache is not None:
+            on_node = node_parts(Layout(ctx.world_size, ctx.workers, nodes), rank)
+            node = NodeSchedule(
+                self.cache, planner, ordering, num_parts, nodes, on_node, self.catalog
+            )
         trace = None
         if self.trace_dir is not None:
             trace = TraceWriter(self.trace_dir, f"rank {rank} worker {ctx.worker}")
@@ -425,6 +461,7 @@ class ShardedLeRobotDataset(IterableDataset):
             stats=self._stats,
             trace=trace,
             next_part=next_part,
+            node=node,
         )
 
     # ------------------------------------------------------------------ layout and budget

@@ -23,11 +23,12 @@ import numpy as np
 
 from lerobot_shards.items import ItemSpec
 from lerobot_shards.reader.batches import transfer
-from lerobot_shards.reader.fetch.ranged import ADMIT, EVICT, Prefetcher
+from lerobot_shards.reader.fetch.ranged import ADMIT, EVICT, Prefetcher, read_span
 from lerobot_shards.reader.frames.episode import Episode
 from lerobot_shards.reader.frames.frame_cache import FrameCache, read_ahead
 from lerobot_shards.reader.loading import warm_start
 from lerobot_shards.reader.loading.cpu import physical_cores
+from lerobot_shards.reader.loading.node_cache import NodeSchedule
 from lerobot_shards.reader.meta.catalog import Catalog, Member
 from lerobot_shards.reader.plan.elastic import Ordering, Part
 from lerobot_shards.reader.plan.pool import Admit, Draws, Evict
@@ -84,11 +85,13 @@ def stream_part(
     stats: dict[str, int],
     trace: TraceWriter | None = None,
     next_part: Callable[[], Part] | None = None,
+    node: NodeSchedule | None = None,
 ) -> Iterator[dict]:
     """The items of ``part`` from ``cursor.offset`` on (then, with ``ordering.repeat``, of the
     ``following`` epochs' parts), moving ``cursor`` along and recording peaks in ``stats``
     (and, with ``trace``, where the time goes: ``trace.py``). When the part ends, the part
-    ``next_part()`` returns (the next epoch's) is warmed up (``warm_start.py``)."""
+    ``next_part()`` returns (the next epoch's) is warmed up (``warm_start.py``). With ``node``,
+    episodes are read through the node-local cache (``node_cache.py``)."""
     from_cache_before = stats["frames_from_cache"]
     # what the last part's end prepared for this very stream (another's is dropped)
     warmed = warm_start.claim(part, catalog, ordering, options.backend)
@@ -128,16 +131,22 @@ def stream_part(
         p = parts_of[epoch]
         return catalog.cost(int(p.episodes[piece]), int(p.starts[piece]), int(p.stops[piece]))
 
+    def fetch_piece(owner: Part, piece: int) -> tuple[Episode, Member]:
+        """Piece ``piece`` of ``owner`` fetched, verified and demuxed (through the node's
+        cache when there is one)."""
+        member, episode = catalog.locate(int(owner.episodes[piece]))
+        read = read_span if node is None else node.reader(owner, piece)
+        started = time.perf_counter()
+        try:
+            return member.fetch(episode, options.backend, options.fetch_retries, read), member
+        finally:
+            COUNTERS.add("fetch_s", time.perf_counter() - started)
+
     def load(key: tuple[int, int]) -> tuple[Episode, Member]:
         epoch, piece = key
         if epoch == part.epoch and piece in warmed:
             return warmed.pop(piece)
-        member, episode = catalog.locate(int(parts_of[epoch].episodes[piece]))
-        started = time.perf_counter()
-        try:
-            return member.fetch(episode, options.backend, options.fetch_retries), member
-        finally:
-            COUNTERS.add("fetch_s", time.perf_counter() - started)
+        return fetch_piece(parts_of[epoch], piece)
 
     prefetcher = Prefetcher(
         load,
@@ -227,7 +236,7 @@ def stream_part(
                 ordering,
                 catalog,
                 options.backend,
-                options.fetch_retries,
+                fetch_piece,
                 options.warm_draws,
                 fetch_order,
             )

@@ -52,21 +52,18 @@ def begin(
     ordering: Ordering,
     catalog: Catalog,
     backend: str,
-    retries: int,
+    fetch: Callable[[Part, int], tuple[Episode, Member]],
     draws: int,
     order: Callable[[Any], Any],
 ) -> None:
     """Start warming the part ``next_part()`` returns: its first ``draws`` draws' episodes
-    fetched from ``catalog`` (with ``backend`` and ``retries``) and frames decoded, on a daemon
-    thread. ``order`` is the stream's ``fetch_order`` (the plan's events as the stream sees
-    them)."""
+    fetched (``fetch(part, piece)``, as the stream fetches them, with ``backend``) and frames
+    decoded, on a daemon thread. ``order`` is the stream's ``fetch_order`` (the plan's events
+    as the stream sees them)."""
     global _current
     discard()
     warm = _Warm(os.getpid(), catalog, ordering, backend, None, threading.Event(), Future())
     _current = warm
-
-    def fetch(member: Member, episode: int) -> Episode:
-        return member.fetch(episode, backend, retries)
 
     threading.Thread(
         target=_run,
@@ -125,7 +122,7 @@ def _run(
     next_part: Callable[[], Part],
     ordering: Ordering,
     catalog: Catalog,
-    fetch: Callable[[Member, int], Episode],
+    fetch: Callable[[Part, int], tuple[Episode, Member]],
     draws: int,
     order: Callable[[Any], Any],
 ) -> None:
@@ -144,8 +141,7 @@ def _run(
             if warm.stop.is_set():
                 break
             if piece not in episodes:
-                member, episode = catalog.locate(int(part.episodes[piece]))
-                episodes[piece] = (fetch(member, episode), member)
+                episodes[piece] = fetch(part, piece)
             episode, member = episodes[piece]
             episode.warm_up(position, member.spec)
     except Exception:  # only the head start is lost: the stream fetches again and reports

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import fsspec
 import numpy as np
+from fsspec.implementations.local import LocalFileSystem
 
 from lerobot_shards.items import ItemSpec, delta_indices
 from lerobot_shards.reader.fetch.ranged import RetryingReads, read_span
@@ -25,6 +26,8 @@ from lerobot_shards.reader.frames.episode import Episode, load_episode
 from lerobot_shards.reader.meta.metadata import DatasetMeta, Selection, read_meta
 from lerobot_shards.validate import check_totals, read_index
 
+SpanRead = Callable[..., bytes | memoryview]
+"""``read(fs, span, retries=...)``: an episode span's verified bytes (``ranged.read_span``)."""
 OPEN_THREADS = 32
 """Members opened at once (their small metadata files are read concurrently)."""
 
@@ -126,6 +129,11 @@ class Member:
         )
 
     @property
+    def is_local(self) -> bool:
+        """Whether the dataset is on a local (or mounted) filesystem, not fetched remotely."""
+        return isinstance(self._fs, LocalFileSystem)
+
+    @property
     def fs(self) -> fsspec.AbstractFileSystem:
         """This process's filesystem: made anew after a fork or unpickling; an inherited one is
         kept, not dropped (``_INHERITED`` says why)."""
@@ -137,12 +145,15 @@ class Member:
             self._fs_pid = os.getpid()
         return self._fs
 
-    def fetch(self, episode: int, backend: str, retries: int) -> Episode:
-        """Fetch, verify and demux ``episode`` (in prefetch threads); frames decode when drawn."""
+    def fetch(
+        self, episode: int, backend: str, retries: int, read: SpanRead = read_span
+    ) -> Episode:
+        """Fetch, verify and demux ``episode`` (in prefetch threads); frames decode when drawn.
+        ``read`` reads its verified bytes (through the node's cache: ``fetch/cached.py``)."""
         selection = self.selection
         span = selection.span(episode)
         return load_episode(
-            read_span(self.fs, span, retries=retries),
+            read(self.fs, span, retries=retries),
             selection.members(episode),
             episode_index=episode,
             length=selection.length(episode),

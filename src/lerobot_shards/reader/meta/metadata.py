@@ -262,7 +262,7 @@ class Selection:
         self._offsets = table.column("offset").to_numpy()
         self._starts = table.column("dataset_from_index").to_numpy()
         self._shards = table.column("shard").to_pylist()
-        self._checksums = table.column("checksum").to_pylist()
+        self.checksums = table.column("checksum").to_pylist()
         self._row_of = {int(e): i for i, e in enumerate(self.episodes.tolist())}
         self._fingerprint: str | None = None
 
@@ -318,7 +318,7 @@ class Selection:
             join(self.path, self._shards[row]),
             int(self._offsets[row]),
             int(self.sizes[row]),
-            self._checksums[row],
+            self.checksums[row],
         )
 
     def members(self, episode: int) -> dict[str, tuple[int, int]]:

@@ -1,0 +1,87 @@
+"""``lerobot-shards train``'s own options (``--shards``, ``--weights``, ``--buffer-size``,
+``--byte-budget-gb``, ``--storage-options``) reach the reader the run streams from: its real
+command line (click, in this process) with LeRobot's trainer replaced by a stub that keeps what
+it was handed, then the reader those shards open. Pure: no LeRobot needed (LeRobot's own
+settings, ``--dataset.*``, ``--seed``, ``--tolerance_s``: test_lerobot_train_datasets.py)."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+from click.testing import CliRunner
+
+from lerobot_shards.cli import main
+
+
+@pytest.fixture
+def trainer(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
+    """The ``(shards, arguments)`` each ``lerobot-shards train`` hands LeRobot's trainer."""
+    calls: list[tuple] = []
+    stub = types.ModuleType("lerobot_shards.train.run")
+    stub.train = lambda shards, arguments: calls.append((shards, list(arguments)))
+    monkeypatch.setitem(sys.modules, "lerobot_shards.train.run", stub)
+    return calls
+
+
+def test_reader_options_reach_the_reader(av1, trainer):
+    result = CliRunner().invoke(
+        main,
+        [
+            "train", "--shards", str(av1), "--buffer-size", "3", "--byte-budget-gb", "0.5",
+            "--storage-options", '{"auto_mkdir": true}', "--policy.type=act", "--seed=7",
+        ],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    ((shards, arguments),) = trainer
+    assert arguments == ["--policy.type=act", "--seed=7"]  # LeRobot's, left to LeRobot
+    ds = shards.open()
+    assert ds.root == str(av1) and not ds.is_mixture
+    assert ds.buffer_size == 3
+    assert ds.byte_budget == 500_000_000
+    (member,) = ds.datasets
+    assert member.storage_options == {"auto_mkdir": True}
+    assert member.fs.auto_mkdir is True  # the filesystem the reader fetches with
+    assert ds.spec.return_uint8  # as LeRobot's factory asks
+
+
+def test_defaults_reach_the_reader(av1, trainer):
+    result = CliRunner().invoke(main, ["train", "--shards", str(av1), "--policy.type=act"])
+    assert result.exit_code == 0, result.output
+    ((shards, _),) = trainer
+    ds = shards.open()
+    assert (ds.buffer_size, ds.byte_budget) == (64, None)
+    assert ds.datasets[0].storage_options == {}
+
+
+def test_several_shards_and_weights_make_the_mixture(av1, shards, trainer):
+    v21 = shards("v21_video")
+    result = CliRunner().invoke(
+        main,
+        [
+            "train", "--shards", str(av1), "--shards", str(v21), "--weights", "2,1",
+            "--buffer-size", "5", "--policy.type=act",
+        ],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    ((shards_, _),) = trainer
+    ds = shards_.open()
+    assert ds.is_mixture and ds.root == [str(av1), str(v21)]
+    # 148 frames at 2:1: 98.67 and 49.33 samples, 99 and 49 by the largest remainder
+    assert ds.samples_per_dataset.tolist() == [99, 49]
+    assert ds.buffer_size == 5
+
+
+@pytest.mark.parametrize(
+    ("arguments", "named"),
+    [
+        (["--storage-options", "{not json"], "--storage-options"),
+        (["--weights", "2,1"], "--weights"),  # one --shards: no mixture to weigh
+    ],
+)
+def test_bad_reader_options_are_refused_before_the_trainer_starts(av1, trainer, arguments, named):
+    result = CliRunner().invoke(main, ["train", "--shards", str(av1), *arguments])
+    assert result.exit_code != 0
+    assert named in result.output
+    assert not trainer
