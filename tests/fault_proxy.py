@@ -8,6 +8,10 @@ correct ``Content-Length``; and, asked for by name, a *torn* body (the right len
 bytes: only a checksum notices) or a *stall* (no answer for ``stall_s`` seconds, then the
 connection closes: a client read timeout). The fault draw is seeded and keyed by the request,
 so a run is reproducible even with concurrent clients.
+
+It can also shape the traffic as a distant object store would (``set_shaping``): a latency
+before each answer and a bandwidth cap on each connection's bodies, so a benchmark on loopback
+pays what a real network charges for each request and each byte.
 """
 
 from __future__ import annotations
@@ -44,6 +48,8 @@ _HOP_BY_HOP = {
     "server",  # send_response writes its own Server and Date
     "date",
 }
+
+_CHUNK = 64 * 1024  # bytes written at a time under a bandwidth cap
 
 _ERROR_BODY = {
     "500": (500, "InternalError", "We encountered an internal error. Please try again."),
@@ -85,6 +91,10 @@ class FaultProxy:
         self._seed = 0
         self.stall_s = 2.0
         """How long a ``stall`` fault holds the request before closing the connection."""
+        self.latency_s = 0.0
+        """Seconds added before each answer (``set_shaping``)."""
+        self.bandwidth_bytes_per_s: float | None = None
+        """Each connection's body rate cap in bytes/s, None for none (``set_shaping``)."""
         self._attempts: dict[tuple[str, str, str | None], int] = {}
         self._clients: set[socket.socket] = set()
         self._server = _Server((host, port), _handler_for(self))
@@ -147,6 +157,16 @@ class FaultProxy:
             self._path_contains = path_contains
             self._seed = seed
             self._attempts.clear()
+
+    def set_shaping(self, *, latency_s: float = 0.0, bandwidth: float | None = None) -> None:
+        """Wait ``latency_s`` before each answer and send bodies at most ``bandwidth`` bytes/s
+        per connection (None: as fast as they come). Called with no arguments: off."""
+        if latency_s < 0 or (bandwidth is not None and bandwidth <= 0):
+            raise ValueError(
+                f"shaping needs latency >= 0 and bandwidth > 0: {latency_s}, {bandwidth}"
+            )
+        self.latency_s = float(latency_s)
+        self.bandwidth_bytes_per_s = None if bandwidth is None else float(bandwidth)
 
     def clear(self) -> None:
         """Forget the recorded requests (faults stay as set)."""
@@ -281,6 +301,19 @@ class _ProxyHandler(BaseHTTPRequestHandler):
                     raise
         raise AssertionError("unreachable")
 
+    def _send_body(self, body: bytes) -> None:
+        """Write ``body``, each chunk no sooner than the bandwidth cap allows since the first."""
+        rate = self.owner.bandwidth_bytes_per_s
+        if rate is None:
+            self.wfile.write(body)
+            return
+        started, sent = time.monotonic(), 0
+        for start in range(0, len(body), _CHUNK):
+            chunk = body[start : start + _CHUNK]
+            sent += len(chunk)
+            time.sleep(max(0.0, started + sent / rate - time.monotonic()))
+            self.wfile.write(chunk)
+
     def _reset(self) -> None:
         # SO_LINGER with a zero timeout makes close() send an RST instead of a FIN.
         self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
@@ -292,6 +325,8 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         rng = self.headers.get("Range")
         drawn = self.owner._draw_fault(method, self.path, rng)
         fault, draw = drawn if drawn is not None else (None, b"")
+        if self.owner.latency_s:
+            time.sleep(self.owner.latency_s)
         if fault == "stall":
             # Hold the request without a byte of answer, then close (FIN): the client's read
             # timeout fires first if it is shorter.
@@ -315,7 +350,7 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             self.send_header("Content-Type", "application/xml")
             self.send_header("Content-Length", str(len(payload)))
             self.end_headers()
-            self.wfile.write(payload)
+            self._send_body(payload)
             return
         status, reason, headers, data = self._forward(body)
         if fault in ("short", "torn") and len(data) < 2:
@@ -348,7 +383,7 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         else:
             self.send_header("Content-Length", str(len(data)))
         self.end_headers()
-        self.wfile.write(sent)
+        self._send_body(sent)
         if fault == "short":
             self.wfile.flush()
             self.close_connection = True

@@ -1,0 +1,46 @@
+"""``scripts/bench_cache.py`` runs where CI runs (a tiny dataset, two epochs) and prints every
+row of its table and both goals; its speed is not judged here, only what cannot depend on it."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parent.parent
+SCRIPT = ROOT / "scripts" / "bench_cache.py"
+SETTINGS = ("local", "uncached", "cache 0.5", "cache 1.5")
+
+
+@pytest.mark.slow
+def test_the_benchmark_prints_every_row(tmp_path: Path) -> None:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(ROOT / "src"), str(ROOT / "tests"), env.get("PYTHONPATH", "")]
+    )
+    result = subprocess.run(
+        [
+            sys.executable, str(SCRIPT), "--cache", str(tmp_path), "--episodes", "6",
+            "--epochs", "2", "--fractions", "0.5,1.5", "--quick",
+        ],
+        capture_output=True, text=True, timeout=600, cwd=SCRIPT.parent, env=env,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
+    rows = re.findall(r"^\| (\d+) \| ([a-z0-9. ]+?) \| (.+) \|$", result.stdout, re.M)
+    assert [(int(e), s) for e, s, _ in rows] == [(e, s) for e in (1, 2) for s in SETTINGS]
+    for epoch, setting, cells in rows:
+        mb, ratio, belady, rate, to_local = (c.strip() for c in cells.split("|"))
+        assert float(rate) > 0 and float(to_local) > 0
+        assert (belady == "-") == (setting in ("local", "uncached")), (setting, belady)
+        if setting == "local":
+            assert float(mb) == 0, "a local root downloaded"
+        if setting == "uncached":
+            assert float(ratio) >= 0.99, "an uncached epoch read less than the dataset"
+        if setting.startswith("cache") and epoch == "1":
+            assert float(belady) >= 0.99, "Belady's first epoch is every episode once"
+    assert "goal: warm epochs" in result.stdout and "goal: cold epoch" in result.stdout
+    assert "machine:" in result.stdout
