@@ -17,12 +17,13 @@ from pathlib import Path
 import av
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from support.mutate import Parts, black_mp4, put_together, take_apart
 
 from lerobot_shards import ShardedLeRobotDataset
 from lerobot_shards.converter.check import verify_dataset
-from lerobot_shards.format import STATS_FILE, FormatError, shard_path, video_member
+from lerobot_shards.format import STATS_FILE, TASKS_FILE, FormatError, shard_path, video_member
 
 CAM = "observation.images.cam_high"
 ANY = "any episode"
@@ -139,6 +140,35 @@ def test_timestamps_within_tolerance_are_read(parts, tmp_path):
     )
 
 
+def test_a_nan_timestamp(parts, tmp_path):
+    lie = parts.copy()
+    stamps = [i / 10 for i in range(lie.table(3).num_rows)]
+    stamps[-1] = float("nan")  # NaN - want > tolerance is False: it passed as on time
+    set_column(lie, 3, "timestamp", stamps)
+    put_together(lie, tmp_path / "d")
+    refused(tmp_path / "d", 3, "timestamp is nan")
+
+
+def test_columns_out_of_the_features_order(parts, tmp_path):
+    """An item's keys follow the rows' columns (as LeRobot's follow its parquet's), so rows
+    in another order than the features' would serve items keyed in another order."""
+    lie = parts.copy()
+    table = lie.table(1)
+    lie.set_table(1, table.select(table.column_names[::-1]))
+    put_together(lie, tmp_path / "d")
+    refused(tmp_path / "d", 1, "in the order")
+
+
+def test_a_delta_the_lying_fps_cannot_resolve_names_the_dataset(parts, tmp_path):
+    lie = parts.copy()
+    lie.index["fps"] = lie.info["fps"] = 9  # 0.1 s is no multiple of 1/9
+    put_together(lie, tmp_path / "d")
+    with pytest.raises(ValueError, match="not multiples of 1/fps") as error:
+        ShardedLeRobotDataset(str(tmp_path / "d"), delta_timestamps={"action": [0.0, 0.1]})
+    assert str(tmp_path / "d") in str(error.value)
+    refused(tmp_path / "d", ANY, "timestamp")  # read plainly: the rows' clock is not 9 fps
+
+
 # ---------------------------------------------------------------- rows against the features
 
 
@@ -151,6 +181,7 @@ def both_features(parts: Parts, edit) -> Parts:
 
 def test_a_feature_removed_from_index_and_info_that_the_rows_still_hold(parts, tmp_path):
     lie = both_features(parts, lambda features: features.pop("action"))
+    lie = with_stats(lie, lambda stats: stats.pop("action"))  # and from stats.json: agreeing
     put_together(lie, tmp_path / "d")
     refused(tmp_path / "d", ANY, "action", "not features")
 
@@ -161,6 +192,64 @@ def test_a_float_feature_typed_string_in_index_and_info(parts, tmp_path):
 
     put_together(both_features(parts, edit), tmp_path / "d")
     refused(tmp_path / "d", ANY, "observation.state", "string")
+
+
+@pytest.mark.parametrize(
+    ("key", "dtype"), [("observation.state", "float64"), ("frame_index", "int32")]
+)
+def test_a_dtype_of_the_rows_kind_but_not_their_type(parts, tmp_path, key, dtype):
+    """float32 rows declared float64 (int64 declared int32) in index.json and info.json: items
+    are the same either way, ``ds.meta.features`` would not be the rows'."""
+
+    def edit(features):
+        features[key]["dtype"] = dtype
+
+    put_together(both_features(parts, edit), tmp_path / "d")
+    refused(tmp_path / "d", ANY, key, dtype)
+
+
+@pytest.mark.parametrize(
+    ("key", "names"),
+    [
+        ("action", ["j0", "j1", "j2"]),  # shape (4,)
+        ("timestamp", []),  # shape (1,)
+        (CAM, ["height", "width"]),  # (H, W, C): one name per axis
+    ],
+)
+def test_names_of_the_wrong_length(parts, tmp_path, key, names):
+    def edit(features):
+        features[key]["names"] = names
+
+    put_together(both_features(parts, edit), tmp_path / "d")
+    refused(tmp_path / "d", None, key, "names")
+
+
+def test_names_as_lerobot_writes_them_are_read(parts, tmp_path):
+    """A dict of names (LeRobot v2's ``{"motors": [...]}``) or none at all is no lie."""
+
+    def edit(features):
+        features["action"]["names"] = {"motors": ["j0", "j1", "j2", "j3"]}
+        features["observation.state"]["names"] = None
+
+    put_together(both_features(parts, edit), tmp_path / "d")
+    assert verify_dataset(str(tmp_path / "d"), deep=True) == []
+
+
+def test_a_camera_removed_from_index_and_info_that_the_headers_still_hold(parts, tmp_path):
+    lie = both_features(parts, lambda features: features.pop(CAM))
+    for name in ("camera_keys", "video_keys"):
+        lie.index[name] = [k for k in lie.index[name] if k != CAM]
+    lie = with_stats(lie, lambda stats: stats.pop(CAM))
+    put_together(lie, tmp_path / "d")
+    message = refused(tmp_path / "d", ANY, CAM)  # verify: the tar holds a video of no feature
+    assert "the header's cameras" in message, message
+
+
+def test_index_and_info_of_other_codebase_versions(parts, tmp_path):
+    lie = parts.copy()
+    lie.index["codebase_version"] = "v2.1"  # info.json says v3.0
+    put_together(lie, tmp_path / "d")
+    refused(tmp_path / "d", None, "codebase_version")
 
 
 def test_a_dtype_the_reader_cannot_make(parts, tmp_path):
@@ -196,6 +285,73 @@ def test_stats_of_the_wrong_length(parts, tmp_path):
 
     put_together(with_stats(parts, edit), tmp_path / "d")
     refused(tmp_path / "d", None, "stats.json", "std", "action")
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")], ids=["NaN", "infinite"])
+@pytest.mark.parametrize("stat", ["mean", "q01"])
+def test_stats_that_are_not_finite(parts, tmp_path, value, stat):
+    def edit(stats):
+        stats["action"][stat][0] = value  # json writes NaN and Infinity, and reads them
+
+    put_together(with_stats(parts, edit), tmp_path / "d")
+    refused(tmp_path / "d", None, "stats.json", stat, "action", "not finite")
+
+
+@pytest.mark.parametrize(
+    ("edit", "match"),
+    [
+        (lambda stats: stats.pop("action"), "no stats of the features ['action']"),
+        (lambda stats: stats.update(gripper=stats["action"]), "['gripper'], which are not"),
+        (lambda stats: stats["observation.state"].pop("q50"), "the stats of 'observation.state'"),
+        (lambda stats: stats[CAM].pop("count"), "the stats of 'observation.images."),
+    ],
+    ids=["feature missing", "unknown feature", "statistic missing", "camera statistic missing"],
+)
+def test_stats_of_other_features_or_statistics(parts, tmp_path, edit, match):
+    put_together(with_stats(parts, edit), tmp_path / "d")
+    refused(tmp_path / "d", None, "stats.json", match)
+
+
+def test_stats_without_the_cameras_quantiles_are_read(parts, tmp_path):
+    """LeRobot's quantile script may leave the cameras' stats as they were: no lie."""
+
+    def edit(stats):
+        for key in (CAM, "observation.images.cam_left_wrist"):
+            stats[key] = {k: v for k, v in stats[key].items() if not k.startswith("q")}
+
+    put_together(with_stats(parts, edit), tmp_path / "d")
+    assert verify_dataset(str(tmp_path / "d"), deep=True) == []
+
+
+# ---------------------------------------------------------------- meta/tasks.parquet
+
+
+def with_tasks(parts: Parts, edit) -> Parts:
+    lie = parts.copy()
+    tasks = pq.read_table(io.BytesIO(lie.others[TASKS_FILE])).to_pylist()
+    edit(tasks)
+    out = io.BytesIO()
+    pq.write_table(pa.Table.from_pylist(tasks), out)
+    lie.others[TASKS_FILE] = out.getvalue()
+    return lie
+
+
+def test_two_tasks_swapped(parts, tmp_path):
+    """Rows of task_index 0 would be served task 1's string: not the one their header names."""
+
+    def edit(tasks):
+        tasks[0]["task"], tasks[1]["task"] = tasks[1]["task"], tasks[0]["task"]
+
+    put_together(with_tasks(parts, edit), tmp_path / "d")
+    refused(tmp_path / "d", ANY, "not one of its header's tasks")
+
+
+def test_a_task_info_json_does_not_count(parts, tmp_path):
+    def edit(tasks):
+        tasks.append({"task_index": len(tasks), "task": "never done"})
+
+    put_together(with_tasks(parts, edit), tmp_path / "d")
+    refused(tmp_path / "d", None, "tasks.parquet", "total_tasks")
 
 
 # ---------------------------------------------------------------- videos: codec, pixel format

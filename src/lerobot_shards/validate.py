@@ -13,7 +13,7 @@ from __future__ import annotations
 import io
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import fsspec
@@ -126,17 +126,19 @@ def check_rows(
     table: pa.Table,
     features: Mapping[str, Mapping],
     header: Any,
-    num_tasks: int,
+    tasks: Sequence[str],
     where: str,
     fps: float,
     tolerance_s: float = TOLERANCE_S,
 ) -> None:
-    """An episode's rows hold exactly the features but the videos (no other column), each of
-    its declared dtype and shape, no empty values, every image as bytes (not a path); their
-    ``episode_index`` and ``index`` are the header's, ``frame_index`` counts 0..length-1 and
-    ``timestamp`` is ``frame_index / fps`` within ``tolerance_s`` (items must agree with what
-    LeRobot serves, which finds video frames by timestamp); every ``task_index`` names one of
-    the ``num_tasks`` tasks. Columnar: per episode, not per row."""
+    """An episode's rows hold exactly the features but the videos (no other column), in the
+    features' order (an item's keys follow the rows', as LeRobot's do), each of its declared
+    dtype (exactly: a float64 column is no float32 feature) and shape, no empty values, every
+    image as bytes (not a path); their ``episode_index`` and ``index`` are the header's,
+    ``frame_index`` counts 0..length-1 and ``timestamp`` is ``frame_index / fps`` within
+    ``tolerance_s`` (items must agree with what LeRobot serves, which finds video frames by
+    timestamp); every ``task_index`` names one of the dataset's ``tasks`` (by task_index), and
+    one its header names. Columnar: per episode, not per row."""
     nulls = [name for name in table.column_names if table.column(name).null_count]
     if nulls:
         raise FormatError(f"{where}: the rows' {nulls} have empty values")
@@ -144,8 +146,6 @@ def check_rows(
     extra = [name for name in table.column_names if name not in wanted]
     if extra:
         raise FormatError(f"{where}: the rows have columns {extra} that are not features")
-    kinds = {"float32": pa.types.is_floating, "int64": pa.types.is_integer,
-             "bool": pa.types.is_boolean}  # fmt: skip
     for key in wanted:
         feature = features[key]
         if key not in table.column_names:
@@ -159,17 +159,22 @@ def check_rows(
                 raise FormatError(f"{where}: the rows' {key!r} is {typ}, the features say string")
             continue
         kind, shape = value_kind(feature, False)
-        if kind not in kinds:
+        if kind not in ("float32", "int64", "bool"):
             continue
         got = []
         while pa.types.is_fixed_size_list(typ):
             got.append(typ.list_size)
             typ = typ.value_type
-        if not kinds[kind](typ) or tuple(got) != shape:
+        if typ != pa.type_for_alias(feature["dtype"]) or tuple(got) != shape:
             raise FormatError(
                 f"{where}: the rows' {key!r} is {table.schema.field(key).type} per row, the "
-                f"features say {kind} of shape {shape}"
+                f"features say {feature['dtype']} of shape {shape}"
             )
+    if table.column_names != wanted:
+        raise FormatError(
+            f"{where}: the rows' columns are in the order {table.column_names}, the features' "
+            f"is {wanted}"
+        )
     positions = np.arange(table.num_rows)
     expected = {
         "episode_index": np.full(table.num_rows, header.episode_index),
@@ -185,16 +190,24 @@ def check_rows(
     if got is None or got.shape != want.shape or not np.issubdtype(got.dtype, np.floating):
         raise FormatError(f"{where}: the rows' 'timestamp' is not one number per row")
     # a float32 timestamp is rounded to 24 bits: a long episode's are that far off, no further
-    off = np.abs(got.astype(np.float64) - want) > tolerance_s + np.abs(want) * 2.0**-23
+    off = ~(np.abs(got.astype(np.float64) - want) <= tolerance_s + np.abs(want) * 2.0**-23)
     if off.any():
         row = int(np.flatnonzero(off)[0])
         raise FormatError(
             f"{where}: row {row}'s timestamp is {float(got[row])!r}, not frame_index / fps = "
             f"{want[row]!r} (within tolerance_s={tolerance_s})"
         )
-    tasks = table.column("task_index").to_numpy() if "task_index" in table.column_names else None
-    if tasks is None or tasks.ndim != 1 or tasks.min() < 0 or tasks.max() >= num_tasks:
-        raise FormatError(f"{where}: a task_index is not one of the {num_tasks} tasks")
+    column = table.column("task_index") if "task_index" in table.column_names else None
+    indices = column.to_numpy() if column is not None else None
+    if indices is None or indices.ndim != 1 or indices.min() < 0 or indices.max() >= len(tasks):
+        raise FormatError(f"{where}: a task_index is not one of the {len(tasks)} tasks")
+    for i in np.unique(indices).tolist():
+        if tasks[i] not in header.tasks:
+            row = int(np.flatnonzero(indices == i)[0])
+            raise FormatError(
+                f"{where}: row {row}'s task_index {i} is the task {tasks[i]!r}, not one of its "
+                f"header's tasks {header.tasks}"
+            )
 
 
 def _check_image_column(column: pa.ChunkedArray, key: str, where: str) -> None:
@@ -251,6 +264,17 @@ def check_header_matches(header: Any, row: Mapping[str, int], where: str) -> Non
         raise FormatError(
             f"{where}: the header says episode {said[0]} of {said[1]} frames from index "
             f"{said[2]}, the manifest episode {listed[0]} of {listed[1]} from {listed[2]}"
+        )
+
+
+def check_header_cameras(header: Any, features: Mapping[str, Mapping], where: str) -> None:
+    """An episode header's cameras are exactly the video features: a camera the features lack
+    is a video no item shows, one they have but the header lacks a video no shard holds."""
+    videos = sorted(k for k, f in features.items() if f.get("dtype") == "video")
+    if sorted(header.cameras) != videos:
+        raise FormatError(
+            f"{where}: the header's cameras are {sorted(header.cameras)}, the video features "
+            f"{videos}"
         )
 
 
@@ -330,7 +354,23 @@ def check_features(features: Any, where: str) -> dict[str, dict]:
             integer(n, where, f"feature {key!r} shape", minimum=1, maximum=2**31)
         if feature["dtype"] in ("video", "image") and len(shape) != 3:
             raise FormatError(f"{where}: camera {key!r} shape must be 3 numbers, got {shape!r}")
+        check_names(feature.get("names"), feature["dtype"], shape, f"{where}: feature {key!r}")
     return features
+
+
+def check_names(names: Any, dtype: str, shape: Sequence[int], where: str) -> None:
+    """A feature's ``names``, where a list, as LeRobot writes them: a camera's one per axis
+    (``["height", "width", "channels"]``), any other feature's one per value of its last
+    axis (one per axis also, where it has several). A dict (``{"motors": [...]}``, LeRobot
+    v2's) or null says nothing to check."""
+    if not isinstance(names, list):
+        return
+    if dtype in ("video", "image"):
+        allowed = {len(shape)}
+    else:
+        allowed = {shape[-1]} if len(shape) == 1 else {shape[-1], len(shape)}
+    if len(names) not in allowed:
+        raise FormatError(f"{where}: {len(names)} names {names} for shape {list(shape)}")
 
 
 def check_camera_keys(
@@ -442,20 +482,42 @@ def check_ranges(manifest: pa.Table, info: Mapping[str, Any], where: str) -> Non
         )
 
 
+STATS_EXEMPT = frozenset(["string", "language"])
+"""Feature dtypes LeRobot computes no statistics of (``compute_episode_stats``)."""
+
+
 def check_stats(stats: Any, features: Mapping[str, Mapping], where: str) -> dict[str, Any]:
-    """``meta/stats.json`` as numpy arrays (LeRobot's ``cast_stats_to_numpy``), each a
-    rectangular array of numbers of its feature's shape: ``count`` one number, a camera's
-    stats one per channel (``(C, 1, 1)``), any other the feature's shape."""
+    """``meta/stats.json`` as numpy arrays (LeRobot's ``cast_stats_to_numpy``), as LeRobot
+    writes it: one entry per feature (but text ones) and no other, the cameras' with the same
+    statistics, the other features' with the same statistics (LeRobot's quantile script may
+    leave the cameras' as they were), each a rectangular array of finite numbers of its
+    feature's shape (``count`` one number, a camera's stats one per channel, ``(C, 1, 1)``,
+    any other the feature's shape). LeRobot normalizes with them: a NaN would train on NaN."""
+    stats = mapping(stats, where, "stats")
+    unknown = sorted(k for k in stats if k not in features)
+    if unknown:
+        raise FormatError(f"{where}: stats of {unknown}, which are not features")
+    missing = [
+        k for k, f in features.items() if f.get("dtype") not in STATS_EXEMPT and k not in stats
+    ]
+    if missing:
+        raise FormatError(f"{where}: no stats of the features {missing}")
     out: dict[str, Any] = {}
-    for key, feature_stats in mapping(stats, where, "stats").items():
+    names: dict[bool, tuple[str, list[str]]] = {}  # by whether the feature is a camera
+    for key, feature_stats in stats.items():
         feature_stats = mapping(feature_stats, where, f"stats of {key!r}")
-        feature = features.get(key)
-        shape = None
-        if feature is not None:
-            if feature.get("dtype") in ("video", "image"):
-                shape = (value_kind(feature, False)[1][0], 1, 1)
-            else:
-                shape = tuple(feature.get("shape", ()))
+        feature = features[key]
+        camera = feature.get("dtype") in ("video", "image")
+        first, first_names = names.setdefault(camera, (key, sorted(feature_stats)))
+        if sorted(feature_stats) != first_names:
+            raise FormatError(
+                f"{where}: the stats of {key!r} are {sorted(feature_stats)}, those of "
+                f"{first!r} {first_names}"
+            )
+        if camera:
+            shape = (value_kind(feature, False)[1][0], 1, 1)
+        else:
+            shape = tuple(feature.get("shape", ()))
         out[key] = {}
         for name, value in feature_stats.items():
             try:
@@ -465,10 +527,12 @@ def check_stats(stats: Any, features: Mapping[str, Mapping], where: str) -> dict
                     f"{where}: stat {name!r} of {key!r} is not an array of numbers: {exc}"
                 ) from exc
             want = (1,) if name == "count" else shape
-            if want is not None and array.shape != want:
+            if array.shape != want:
                 raise FormatError(
                     f"{where}: stat {name!r} of {key!r} has shape {array.shape}, the feature {want}"
                 )
+            if not np.isfinite(array).all():
+                raise FormatError(f"{where}: stat {name!r} of {key!r} is not finite (NaN or inf)")
             out[key][name] = np.array(value)
     return out
 

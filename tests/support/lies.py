@@ -35,26 +35,7 @@ from lerobot_shards.format import MANIFEST_SCHEMA, STATS_FILE, TASKS_FILE
 READS = ("plain", "delta", "mixture", "plain", "delta", "mixture", "loader")
 """What a case reads besides the plain epoch (the loader's worker start is the slow one)."""
 
-GAPS = {
-    "rows:timestamp NaN": "a NaN timestamp passes the check of timestamps against fps",
-    "stats.json:NaN": "stats.json's values are not checked to be finite",
-    "stats.json:infinite": "stats.json's values are not checked to be finite",
-    "stats.json:statistic missing": "stats.json's features are not checked to have each "
-    "statistic the others have",
-    "stats.json:feature missing": "stats.json is not checked to hold every feature",
-    "stats.json:unknown feature": "stats.json may hold a feature the features lack",
-    "tasks.parquet:two swapped": "the rows' tasks are not checked against their header's tasks",
-    "tasks.parquet:extra task": "tasks.parquet is not checked against info.json's total_tasks",
-    "index+info:feature names": "a feature's names are not checked against its shape",
-    "index+info:feature dtype of its kind": "the rows' float32 (int64) pass as any float (int) "
-    "dtype the features say",
-    "index+info:camera removed": "a header's cameras are not checked to be the video features",
-    "rows:columns reversed": "an item's keys follow the rows' column order, not the features'",
-    "index.json:codebase_version": "index.json's codebase_version is not checked against "
-    "info.json's",
-    "index+info:fps|delta": "delta_timestamps refused at a lying fps name no dataset",
-    "index+info+headers:fps|delta": "delta_timestamps refused at a lying fps name no dataset",
-}
+GAPS: dict[str, str] = {}
 """Lies the reader at hand (issue 36's branch) does not catch yet, by where the lie is (and
 ``|read`` where only that read fails): CI leaves them out, ``scripts/fuzz_shards.py`` draws
 them and marks them."""
@@ -238,7 +219,14 @@ def lie_feature_everywhere(parts: Parts, choose: Choose) -> tuple[str, str, Edit
         )
     else:
         names = feature.get("names") or []
-        value = choose("names", [names[:-1], [*names, "extra"], ["x"] * (len(names) + 2)])
+        value = choose(  # each of a length no axis has (["extra"] would name a scalar)
+            "names",
+            [
+                v
+                for v in (names[:-1], [*names, "extra"], ["x"] * (len(names) + 2))
+                if len(v) not in (shape[-1], len(shape))
+            ],
+        )
     for features in both_features(parts):
         if op == "removed":
             features.pop(key)

@@ -31,6 +31,7 @@ from lerobot_shards.format import (
 )
 from lerobot_shards.validate import (
     check_camera,
+    check_header_cameras,
     check_header_matches,
     check_rows,
     check_stream,
@@ -205,17 +206,16 @@ def verify_episode(
         header = parse_header(members[expected[0]], where=expected[0])
     except FormatError as exc:
         return [str(exc)]
-    if any(key not in header.cameras for key in video_keys):
-        return [f"header lacks cameras of {video_keys}"]
     where = f"{shard} (episode {row.episode_index})"
     try:
         check_header_matches(header, vars(row), where)
+        check_header_cameras(header, meta.features, where)
         for member in row.members:
             check_tar_member(data, member.offset - row.offset, member.size, member.name, where)
         rows = pq.read_table(io.BytesIO(members[expected[1]]))
         if rows.num_rows != row.length:
             return [f"{expected[1]}: {rows.num_rows} rows, expected {row.length}"]
-        check_rows(rows, meta.features, header, len(meta.task_names), where, meta.fps)
+        check_rows(rows, meta.features, header, meta.task_names, where, meta.fps)
         for key in video_keys:
             check_camera(header.cameras[key], meta.features[key], row.length, key, where)
     except FormatError as exc:

@@ -38,6 +38,7 @@ from lerobot_shards.reader.frames.rgb24 import to_rgb24, write_rgb24
 from lerobot_shards.validate import (
     TOLERANCE_S,
     check_camera,
+    check_header_cameras,
     check_header_matches,
     check_rows,
     check_tar_member,
@@ -229,7 +230,7 @@ def load_episode(
     shard: str,
     spec: ItemSpec,
     features: Mapping[str, Mapping],
-    num_tasks: int,
+    tasks: Sequence[str],
     fps: float,
     tolerance_s: float = TOLERANCE_S,
     backend: str = "pyav",
@@ -238,7 +239,7 @@ def load_episode(
 
     ``members`` maps member names to ``(offset within data, size)`` (``format.member_spans``).
     Everything is checked against the manifest's row (``episode_index``, ``length``,
-    ``dataset_from_index``), the dataset's ``features``, its ``num_tasks`` tasks and its
+    ``dataset_from_index``), the dataset's ``features``, its ``tasks`` (by task_index) and its
     ``fps`` (``tolerance_s`` for the rows' timestamps) before it is used (``validate.py``
     says why). Before drawing, :meth:`Episode.attach` the stream's frame cache.
     """
@@ -265,15 +266,14 @@ def load_episode(
         raise FormatError(f"{where}: rows parquet does not parse: {exc}") from exc
     if table.num_rows != length:
         raise FormatError(f"{where}: rows parquet has {table.num_rows} rows, expected {length}")
-    check_rows(table, features, header, num_tasks, where, fps, tolerance_s)
+    check_rows(table, features, header, tasks, where, fps, tolerance_s)
+    check_header_cameras(header, features, where)
     sizes = {key: frame_size(features[key]) for key in spec.image_keys}
     columns = EpisodeColumns.from_table(table, spec.image_keys, sizes)
 
     cameras: dict[str, CameraFrames] = {}
     for key in spec.video_keys:
-        camera = header.cameras.get(key)
-        if camera is None:
-            raise FormatError(f"{where}: header has no camera {key!r}")
+        camera = header.cameras[key]  # the video features': check_header_cameras
         check_camera(camera, features[key], length, key, where)
         video = Video(
             member(video_member(episode_index, key)),

@@ -118,10 +118,14 @@ class Member:
             raise ValueError(f"delta_timestamps keys {unknown} are not features of {self.root}")
         resolved = {own_key[key]: value for key, value in deltas.items()}
         self.tolerance_s = options.tolerance_s
+        try:  # the fps is the dataset's: a delta it cannot resolve is a problem of this one
+            deltas = delta_indices(resolved, self.meta.fps, options.tolerance_s)
+        except ValueError as exc:
+            raise ValueError(f"{self.root}: {exc}") from exc
         self.spec = ItemSpec(
             video_keys=[k for k in self.meta.video_keys if key_map.get(k, k) is not None],
             image_keys=list(self.meta.image_keys),
-            deltas=delta_indices(resolved, self.meta.fps, options.tolerance_s),
+            deltas=deltas,
             return_uint8=options.return_uint8,
             image_transforms=options.image_transforms,
             key_map=key_map,
@@ -161,7 +165,7 @@ class Member:
             shard=span.path,
             spec=self.spec,
             features=self.meta.features,
-            num_tasks=len(self.meta.task_names),
+            tasks=self.meta.task_names,
             fps=self.meta.fps,
             tolerance_s=self.tolerance_s,
             backend=backend,

@@ -231,11 +231,17 @@ def read_meta(
     check_tasks(indices, tasks_path)
     if not all(isinstance(t, str) for t in table.column("task").to_pylist()):
         raise FormatError(f"{tasks_path}: every task must be a string")
-    if not isinstance(info, dict) or any(
-        info.get(key, getattr(index, key)) != getattr(index, key) for key in ("features", "fps")
-    ):
+    if not isinstance(info, dict):
+        raise FormatError(f"{join(path, INFO_FILE)}: not an object")
+    for key in ("features", "fps", "codebase_version"):
+        if info.get(key, getattr(index, key)) != getattr(index, key):
+            raise FormatError(
+                f"{join(path, INFO_FILE)}: its {key} differs from {join(path, INDEX_FILE)}'s"
+            )
+    if info.get("total_tasks", len(indices)) != len(indices):
         raise FormatError(
-            f"{join(path, INFO_FILE)}: its features or fps differ from {join(path, INDEX_FILE)}'s"
+            f"{tasks_path}: {len(indices)} tasks, {join(path, INFO_FILE)} says total_tasks="
+            f"{info['total_tasks']!r}"
         )
     check_ranges(manifest, info, join(path, INFO_FILE))
     tasks = [""] * len(indices)
