@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -455,3 +456,75 @@ def test_jobs_killed_at_random_points_leave_nothing_served(remote: Remote, tmp_p
     )
     assert not [p for p in (folder / "tmp").rglob("*") if p.is_file()]
     assert max(samples) <= limit, max(samples)
+
+
+NODES_SCRIPT = Path(__file__).parent / "dist_scripts" / "cache_nodes.py"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_nodes(args: dict, nodes: int, out: Path) -> dict[int, dict]:
+    """``torchrun --nnodes=nodes`` launched once per node on loopback (2 ranks each); each
+    rank's ``{"node", "indices"}``."""
+    out.mkdir(parents=True)
+    args = {**args, "out": str(out)}
+    port = free_port()
+    launches = []
+    for node in range(nodes):
+        where = ["--standalone"] if nodes == 1 else [
+            f"--nnodes={nodes}", f"--node_rank={node}", "--master_addr=127.0.0.1",
+            f"--master_port={port}",
+        ]  # fmt: skip
+        command = [
+            sys.executable, "-m", "torch.distributed.run", *where, "--nproc_per_node=2",
+            str(NODES_SCRIPT), json.dumps(args),
+        ]  # fmt: skip
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        launches.append(
+            subprocess.Popen(command, env=env, stderr=subprocess.PIPE, start_new_session=True)
+        )
+    for launch in launches:
+        try:
+            _, err = launch.communicate(timeout=600)
+        except subprocess.TimeoutExpired:
+            for each in launches:
+                os.killpg(each.pid, signal.SIGKILL)
+            raise
+        assert launch.returncode == 0, err.decode()[-5000:]
+    return {int(p.stem.split("-")[1]): json.loads(p.read_text()) for p in out.glob("rank-*.json")}
+
+
+def test_two_nodes_each_keep_their_share(remote: Remote, tmp_path: Path):
+    """Two nodes (two torchrun launches of 2 ranks, a cache folder each holding half the
+    dataset and one episode): every epoch every frame exactly once over the 4 ranks, epochs 2
+    and 3 download nothing (each node reads its own share again: node affinity, on by default
+    here); a checkpoint taken mid-epoch resumes on one node into exactly the rest."""
+    frames = set(range(sum(LENGTHS)))
+
+    def exactly_once(indices: list[int]) -> None:
+        """Every frame, and no more repeats than padding allows (fewer than the 8 parts)."""
+        assert set(indices) == frames
+        assert len(indices) - len(frames) < 8
+
+    args = {
+        "root": remote.url,
+        "storage_options": remote.storage_options,
+        "caches": [str(tmp_path / "node0"), str(tmp_path / "node1")],
+        "limit_gb": (remote.total / 2 + remote.sizes.max()) / 1e9,
+    }
+    for epoch in range(3):
+        remote.proxy.clear()
+        ranks = launch_nodes({**args, "epoch": epoch}, 2, tmp_path / f"epoch{epoch}")
+        assert [ranks[r]["node"] for r in range(4)] == [0, 0, 1, 1]
+        exactly_once([i for r in ranks.values() for i in r["indices"]])
+        if epoch:
+            assert remote.downloaded() == 0, f"epoch {epoch}"
+    stopped = launch_nodes({**args, "epoch": 3, "stop_after": 3}, 2, tmp_path / "stopped")
+    state = tmp_path / "stopped" / "state-0.json"
+    rest = launch_nodes({**args, "epoch": 3, "resume": str(state)}, 1, tmp_path / "resumed")
+    taken = [i for r in stopped.values() for i in r["indices"]]
+    exactly_once(taken + [i for r in rest.values() for i in r["indices"]])

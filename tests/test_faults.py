@@ -4,6 +4,8 @@ These pin down the test tool (each fault is what it says, seeded, stoppable), th
 behaviour the reader builds on (through 20% faults s3fs reads still succeed; with every request
 failing a read fails in bounded time), and the reader's own retries: with every layer below
 them off, they alone carry whole epochs through 20% faults, torn bodies and stalls included.
+The readers here read without the node-local cache (``cache=False``): every epoch goes to the
+store, and through its faults (tests/test_cache.py tests the cache).
 """
 
 from __future__ import annotations
@@ -233,7 +235,9 @@ def test_epoch_through_faults_equals_the_epoch_without(
     proxy = bucket.proxy
     options = bucket.storage_options
     proxy.set_faults(0.0)
-    clean = epochs(ShardedLeRobotDataset(url, storage_options=options, seed=3), num_workers)
+    clean = epochs(
+        ShardedLeRobotDataset(url, cache=False, storage_options=options, seed=3), num_workers
+    )
     for epoch in clean:
         assert sorted(int(i["index"]) for i in epoch) == list(range(FRAMES))
     assert [int(i["index"]) for i in clean[0]] != [int(i["index"]) for i in clean[1]]
@@ -243,7 +247,9 @@ def test_epoch_through_faults_equals_the_epoch_without(
     proxy.set_faults(0.2, seed=1788)
     proxy.clear()
     # Opening the dataset (index.json, manifest, meta/) goes through the faults too.
-    faulty = epochs(ShardedLeRobotDataset(url, storage_options=options, seed=3), num_workers)
+    faulty = epochs(
+        ShardedLeRobotDataset(url, cache=False, storage_options=options, seed=3), num_workers
+    )
     proxy.set_faults(0.0)
     for got, want in zip(faulty, clean, strict=True):
         assert_same_items(got, want)
@@ -261,7 +267,7 @@ def test_reader_gives_up_in_bounded_time_naming_shard_and_episode(
     bucket, url = s3_av1
     # botocore's own retries off, so one fs read is s3fs's loops only (see the test above).
     options = {**bucket.storage_options, "config_kwargs": {"retries": {"total_max_attempts": 1}}}
-    ds = ShardedLeRobotDataset(url, storage_options=options, seed=3)
+    ds = ShardedLeRobotDataset(url, cache=False, storage_options=options, seed=3)
     ds.fetch_retries = 2
     bucket.proxy.set_faults(1.0, seed=0)
     children = set(multiprocessing.active_children())
@@ -386,7 +392,7 @@ def test_the_readers_own_retries_carry_epochs_through_twenty_percent_faults(
     count = 3
     proxy.set_faults(0.0)
     proxy.clear()
-    clean_ds = ShardedLeRobotDataset(url, storage_options=options, seed=3)
+    clean_ds = ShardedLeRobotDataset(url, cache=False, storage_options=options, seed=3)
     # Opening reads each metadata file once; an epoch reads each shard once.
     meta_reads = Counter({r.path for r in proxy.log})
     proxy.clear()
@@ -401,7 +407,7 @@ def test_the_readers_own_retries_carry_epochs_through_twenty_percent_faults(
     proxy.set_faults(0.2, seed=2, kinds=[*FAULT_KINDS, "stall"])
     proxy.clear()
     caplog.clear()
-    ds = ShardedLeRobotDataset(url, storage_options=options, seed=3)
+    ds = ShardedLeRobotDataset(url, cache=False, storage_options=options, seed=3)
     genuine = _account_for_retries(proxy.log, caplog.messages, meta_reads)
     _report_genuine(genuine, "opening")
     faults = Counter(r.fault for r in proxy.log if r.fault)
@@ -436,8 +442,8 @@ def test_readme_options_carry_dataloader_workers_through_torn_reads_and_stalls(
     config = {"retries": {"total_max_attempts": 1}, "read_timeout": 1}
     options = {**bucket.storage_options, "config_kwargs": config}
     proxy.set_faults(0.0)
-    clean = epochs(ShardedLeRobotDataset(url, storage_options=options, seed=3), 2)
-    ds = ShardedLeRobotDataset(url, storage_options=options, seed=3)
+    clean = epochs(ShardedLeRobotDataset(url, cache=False, storage_options=options, seed=3), 2)
+    ds = ShardedLeRobotDataset(url, cache=False, storage_options=options, seed=3)
     proxy.set_faults(0.2, seed=SEED_WORKERS, kinds=ALL_FAULT_KINDS, path_contains="/shards/")
     proxy.clear()
     faulty = epochs(ds, 2)
@@ -458,7 +464,7 @@ def test_torn_reads_past_the_retries_name_shard_and_episode(
     bucket, url = s3_av1
     config = {**readers_retries_only["config_kwargs"], "read_timeout": 30}
     options = {**readers_retries_only, "config_kwargs": config}
-    ds = ShardedLeRobotDataset(url, storage_options=options, seed=3)
+    ds = ShardedLeRobotDataset(url, cache=False, storage_options=options, seed=3)
     ds.fetch_retries = 2
     bucket.proxy.set_faults(1.0, kinds=["torn"], path_contains="/shards/")
     bucket.proxy.clear()
@@ -562,11 +568,16 @@ def test_the_reader_retries_through_an_object_store_outage(
     came from the store once it was back."""
     bucket, url = s3_av1
     bucket.proxy.set_faults(0.0)
-    clean = list(ShardedLeRobotDataset(url, storage_options=readers_retries_only, **OUTAGE))
+    clean = list(
+        ShardedLeRobotDataset(url, cache=False, storage_options=readers_retries_only, **OUTAGE)
+    )
     assert sorted(int(i["index"]) for i in clean) == list(range(FRAMES))
 
     ds = ShardedLeRobotDataset(
-        url, storage_options=_through(readers_retries_only, gate.endpoint_url), **OUTAGE
+        url,
+        cache=False,
+        storage_options=_through(readers_retries_only, gate.endpoint_url),
+        **OUTAGE,
     )
     ds.fetch_retries = 8
     got = []
@@ -604,9 +615,11 @@ def test_an_outage_past_the_retries_fails_clearly_and_the_checkpoint_resumes_exa
     tail from there, in order."""
     bucket, url = s3_av1
     bucket.proxy.set_faults(0.0)
-    clean = list(ShardedLeRobotDataset(url, storage_options=readers_retries_only, **OUTAGE))
+    clean = list(
+        ShardedLeRobotDataset(url, cache=False, storage_options=readers_retries_only, **OUTAGE)
+    )
     options = _through(readers_retries_only, gate.endpoint_url)
-    ds = ShardedLeRobotDataset(url, storage_options=options, **OUTAGE)
+    ds = ShardedLeRobotDataset(url, cache=False, storage_options=options, **OUTAGE)
     ds.fetch_retries = 2
     got: list[dict] = []
     checkpoint = (0, ds.state_dict())
@@ -624,7 +637,7 @@ def test_an_outage_past_the_retries_fails_clearly_and_the_checkpoint_resumes_exa
     assert state["offset"] == taken and taken > 0
 
     gate.up()  # the store is back: resume from the checkpoint, as a restarted job would
-    resumed = ShardedLeRobotDataset(url, storage_options=options, **OUTAGE)
+    resumed = ShardedLeRobotDataset(url, cache=False, storage_options=options, **OUTAGE)
     resumed.load_state_dict(state)
     assert_same_items(list(resumed), clean[taken:])
 
@@ -649,7 +662,9 @@ def test_an_outage_past_the_retries_in_dataloader_workers_resumes_exactly(
 
     def loader(storage_options: dict) -> ShardedDataLoader:
         # One episode resident and none fetched ahead: each worker fetches all epoch long.
-        ds = ShardedLeRobotDataset(url, storage_options=storage_options, seed=3, buffer_size=1)
+        ds = ShardedLeRobotDataset(
+            url, cache=False, storage_options=storage_options, seed=3, buffer_size=1
+        )
         ds.prefetch_depth = 0
         ds.fetch_retries = 2
         return ShardedDataLoader(ds, batch_size=4, num_workers=2)

@@ -44,7 +44,7 @@ def local_epochs(av1: Path) -> dict[int, list[list[dict]]]:
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_an_http_root_streams_the_local_roots_epochs(av1, local_epochs, num_workers):
     with StaticServer(av1) as server:
-        served = epochs(ShardedLeRobotDataset(server.url, seed=3), num_workers)
+        served = epochs(ShardedLeRobotDataset(server.url, seed=3, cache=False), num_workers)
     for got, want in zip(served, local_epochs[num_workers], strict=True):
         assert_same_items(got, want)
 
@@ -52,7 +52,7 @@ def test_an_http_root_streams_the_local_roots_epochs(av1, local_epochs, num_work
 def test_faults_in_front_of_the_server_are_retried_to_the_same_epochs(av1, local_epochs):
     with StaticServer(av1) as server, FaultProxy(server.url) as proxy:
         proxy.set_faults(0.2, seed=11, kinds=(*FAULT_KINDS, "torn"))
-        ds = ShardedLeRobotDataset(proxy.endpoint_url, seed=3)
+        ds = ShardedLeRobotDataset(proxy.endpoint_url, seed=3, cache=False)
         ds.fetch_retries = 8
         served = epochs(ds, 2)
         faults = Counter(r.fault for r in proxy.requests("GET", path_contains="/shards/"))
@@ -65,7 +65,7 @@ def test_a_server_that_ignores_range_gives_the_same_items(av1, local_epochs):
     """The converter writes one tar per episode whose span is the whole file, so even a server
     that answers every range with the whole file sends exactly each episode's bytes."""
     with StaticServer(av1, honour_range=False) as server:
-        served = epochs(ShardedLeRobotDataset(server.url, seed=3), 0)
+        served = epochs(ShardedLeRobotDataset(server.url, seed=3, cache=False), 0)
     for got, want in zip(served, local_epochs[0], strict=True):
         assert_same_items(got, want)
 

@@ -62,7 +62,7 @@ def unregistered_sockets(ds: ShardedLeRobotDataset) -> list[int]:
 
 
 def main(url: str, options: str, out: str) -> None:
-    ds = ShardedLeRobotDataset(url, storage_options=json.loads(options), seed=3)
+    ds = ShardedLeRobotDataset(url, storage_options=json.loads(options), seed=3, cache=False)
     seconds = {}
     began = time.monotonic()
     single = [plain(i) for i in ds]
