@@ -528,3 +528,31 @@ def test_two_nodes_each_keep_their_share(remote: Remote, tmp_path: Path):
     rest = launch_nodes({**args, "epoch": 3, "resume": str(state)}, 1, tmp_path / "resumed")
     taken = [i for r in stopped.values() for i in r["indices"]]
     exactly_once(taken + [i for r in rest.values() for i in r["indices"]])
+
+
+def test_cache_fill_makes_the_first_epoch_local(remote: Remote, tmp_path: Path):
+    """``lerobot-shards cache fill`` with a job's layout (1 rank, 2 workers): its first epoch
+    then downloads nothing and yields the uncached reader's items."""
+    from click.testing import CliRunner
+
+    from lerobot_shards.cli import main
+
+    folder = tmp_path / "cache"
+    remote.proxy.clear()
+    limit = str(2 * remote.total / 1e9)
+    options = json.dumps(remote.storage_options)
+    job = ["--workers", "2", "--seed", str(DATASET["seed"])]
+    job += ["--buffer-size", str(DATASET["buffer_size"])]
+    command = ["cache", "fill", remote.url, "--storage-options", options]
+    command += ["--cache-dir", str(folder), "--cache-limit-gb", limit, *job]
+    result = CliRunner().invoke(main, command)
+    assert result.exit_code == 0, result.output
+    assert f"{len(LENGTHS)} episodes" in result.output
+    assert remote.downloaded() == remote.total
+    remote.proxy.clear()
+    cache = {"cache_dir": str(folder), "cache_limit_gb": 2 * remote.total / 1e9}
+    got = run_job(remote, tmp_path, epochs=[0], workers=2, **cache)
+    assert remote.downloaded() == 0
+    assert got == run_job(
+        remote, tmp_path, epochs=[0], workers=2, root=str(remote.local), cache=False
+    )

@@ -56,8 +56,17 @@ BYTE_BUDGET = click.option(
 
 
 def cache_options(command: Callable) -> Callable:
-    """``--cache/--no-cache``, ``--cache-dir``, ``--cache-limit-gb``: the reader's node-local
-    episode cache (``ShardedLeRobotDataset``'s ``cache``, ``cache_dir``, ``cache_limit_gb``)."""
+    """``--cache/--no-cache``, ``--cache-dir``, ``--cache-limit-gb``, ``--node-affinity/
+    --no-node-affinity``: the reader's node-local episode cache and what each node reads
+    (``ShardedLeRobotDataset``'s ``cache``, ``cache_dir``, ``cache_limit_gb``,
+    ``node_affinity``)."""
+    command = click.option(
+        "--node-affinity/--no-node-affinity",
+        "node_affinity",
+        default=None,
+        help="Each node reads the same episodes every epoch, so its cache keeps them (default: "
+        "on with a cache on several nodes, unless --cache-limit-gb holds the whole dataset).",
+    )(command)
     command = click.option(
         "--cache-limit-gb",
         type=click.FloatRange(min=0, min_open=True),
@@ -78,11 +87,18 @@ def cache_options(command: Callable) -> Callable:
     )(command)
 
 
-def cache_settings(cache: bool | None, cache_dir: str | None, limit: float | None) -> dict:
+def cache_settings(
+    cache: bool | None, cache_dir: str | None, limit: float | None, node_affinity: bool | None
+) -> dict:
     """The dataset arguments of :func:`cache_options`' flags (an explicit folder caches)."""
     if cache is None and cache_dir is not None:
         cache = True
-    return {"cache": cache, "cache_dir": cache_dir, "cache_limit_gb": limit}
+    return {
+        "cache": cache,
+        "cache_dir": cache_dir,
+        "cache_limit_gb": limit,
+        "node_affinity": node_affinity,
+    }
 
 
 @click.group()
@@ -295,7 +311,7 @@ def stream(
     seconds: float | None, epochs: int | None,
     buffer_size: int, byte_budget_gb: float | None, uint8: bool, seed: int,
     decode_threads: int | None, interval: float, cache: bool | None, cache_dir: str | None,
-    cache_limit_gb: float | None, report_path: str | None,
+    cache_limit_gb: float | None, node_affinity: bool | None, report_path: str | None,
 ) -> None:  # fmt: skip
     """Stream the converted dataset at ROOT (several ROOTS: their mixture) through a
     DataLoader and print what it delivers: samples/s, camera frames/s, shard MB/s and the
@@ -318,7 +334,7 @@ def stream(
     with ExitStack() as running:
         options: dict = {
             "decode_threads": decode_threads,
-            **cache_settings(cache, cache_dir, cache_limit_gb),
+            **cache_settings(cache, cache_dir, cache_limit_gb, node_affinity),
         }
         log = None
         if report_path is not None:
@@ -391,7 +407,7 @@ def stream(
 def train(
     ctx: click.Context, roots: tuple[str, ...], weights: str | None, storage_options: str,
     buffer_size: int, byte_budget_gb: float | None, cache: bool | None, cache_dir: str | None,
-    cache_limit_gb: float | None,
+    cache_limit_gb: float | None, node_affinity: bool | None,
 ) -> None:  # fmt: skip
     """Train with LeRobot's own trainer, lerobot-train, on shards: every other argument is
     lerobot-train's (--policy.type=act, --steps, --batch_size, --num_workers, --output_dir,
@@ -419,7 +435,7 @@ def train(
             storage_options=options,
             buffer_size=buffer_size,
             byte_budget_gb=byte_budget_gb,
-            **cache_settings(cache, cache_dir, cache_limit_gb),
+            **cache_settings(cache, cache_dir, cache_limit_gb, node_affinity),
         )
     try:
         run_train(shards, ctx.args)
@@ -443,7 +459,7 @@ def demo(workdir: str, workers: int, batch_size: int) -> None:
 
 @main.group()
 def cache() -> None:
-    """The node-local cache of remote episodes: what it holds, and emptying it."""
+    """The node-local cache of remote episodes: filling it ahead, what it holds, emptying it."""
 
 
 CACHE_DIR = click.option(
@@ -464,6 +480,64 @@ def open_cache(cache_dir: str | None):
         return CacheStore(folder)
     except CacheUnavailable as exc:
         raise click.ClickException(str(exc)) from exc
+
+
+@cache.command("fill")
+@click.argument("root")
+@click.option(
+    "--storage-options", default="{}", help="fsspec options as JSON, as for train and stream."
+)
+@click.option("--cache-dir", type=click.Path(file_okay=False), help="As for train and stream.")
+@click.option("--cache-limit-gb", type=click.FloatRange(min=0, min_open=True))
+@click.option("--world-size", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option(
+    "--local-world-size",
+    type=click.IntRange(min=1),
+    help="Ranks per node (torchrun's --nproc_per_node; default: --world-size, one node).",
+)
+@click.option("--node-rank", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option(
+    "--workers", type=click.IntRange(min=0), default=0, help="DataLoader workers per rank."
+)
+@click.option("--seed", type=int, default=0, show_default=True)
+@BUFFER_SIZE
+@click.option("--epoch", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option("--threads", type=click.IntRange(min=1), default=8, show_default=True)
+def cache_fill(
+    root: str, storage_options: str, cache_dir: str | None, cache_limit_gb: float | None,
+    world_size: int, local_world_size: int | None, node_rank: int, workers: int, seed: int,
+    buffer_size: int, epoch: int, threads: int,
+) -> None:  # fmt: skip
+    """Download ahead what one node of a training job reads in its first epoch (ROOT, with the
+    job's layout, seed and pool size), soonest first, as far as the cache holds it."""
+    from lerobot_shards import ShardedLeRobotDataset
+    from lerobot_shards.format import FormatError
+
+    local = local_world_size or world_size
+    if world_size % local or node_rank >= world_size // local:
+        raise click.BadParameter(
+            f"{world_size} ranks of {local} per node have no node {node_rank}",
+            param_hint="--node-rank",
+        )
+    # the node's first rank, as torchrun would number it: the reader plans from these
+    os.environ.update(
+        RANK=str(node_rank * local), WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(local)
+    )
+    try:
+        ds = ShardedLeRobotDataset(
+            root,
+            storage_options=json.loads(storage_options),
+            seed=seed,
+            buffer_size=buffer_size,
+            **cache_settings(True, cache_dir, cache_limit_gb, None),
+        )
+        ds.num_workers = workers
+        count, total = ds.fill_cache(epoch, threads)
+    except (FormatError, FileNotFoundError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(
+        f"cache fill: {count} episodes, {total / 1e6:.1f} MB read through {ds.cache.directory}"
+    )
 
 
 @cache.command("ls")

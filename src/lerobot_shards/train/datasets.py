@@ -39,6 +39,7 @@ class Shards:
     cache: bool | None = None
     cache_dir: str | None = None
     cache_limit_gb: float | None = None
+    node_affinity: bool | None = None
 
     def open(self, **options: Any) -> ShardedLeRobotDataset:
         """The reader over these shards, with the item ``options`` of a LeRobot dataset."""
@@ -52,6 +53,7 @@ class Shards:
             cache=self.cache,
             cache_dir=self.cache_dir,
             cache_limit_gb=self.cache_limit_gb,
+            node_affinity=self.node_affinity,
             return_uint8=True,
             **options,
         )

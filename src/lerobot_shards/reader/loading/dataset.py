@@ -441,12 +441,7 @@ class ShardedLeRobotDataset(IterableDataset):
             return planner.fresh_parts(ordering, num_parts, part.epoch + 1, nodes)[index]
 
         self.catalog.resolve_filesystems()
-        node = None
-        if self.cache is not None:
-            on_node = node_parts(Layout(ctx.world_size, ctx.workers, nodes), rank)
-            node = NodeSchedule(
-                self.cache, planner, ordering, num_parts, nodes, on_node, self.catalog
-            )
+        node = None if self.cache is None else self._node_schedule(ctx, rank)
         trace = None
         if self.trace_dir is not None:
             trace = TraceWriter(self.trace_dir, f"rank {rank} worker {ctx.worker}")
@@ -462,6 +457,27 @@ class ShardedLeRobotDataset(IterableDataset):
             trace=trace,
             next_part=next_part,
             node=node,
+        )
+
+    def fill_cache(
+        self, epoch: int = 0, threads: int = 8, progress: bool = True
+    ) -> tuple[int, int]:
+        """Download ahead, into the cache, what this process's node reads in ``epoch``: every
+        rank and DataLoader worker of the node (``ds.num_workers`` of them per rank), soonest
+        first, as far as the cache admits it. Returns ``(episodes, bytes)``. Run it once per
+        node before training (``lerobot-shards cache fill``) so the first epoch reads locally."""
+        if self.cache is None:
+            raise ValueError("fill_cache needs a cache: pass cache=True or a cache_dir")
+        ctx = self._context()
+        schedule = self._node_schedule(ctx, self._layout()[0])
+        return schedule.fill(epoch, threads, progress)
+
+    def _node_schedule(self, ctx: Context, rank: int) -> NodeSchedule:
+        """When each episode is read on ``rank``'s node (every rank and worker of it)."""
+        on_node = node_parts(Layout(ctx.world_size, ctx.workers, ctx.nodes), rank)
+        parts = ctx.world_size * ctx.workers
+        return NodeSchedule(
+            self.cache, self._planner, ctx.ordering, parts, ctx.nodes, on_node, self.catalog
         )
 
     # ------------------------------------------------------------------ layout and budget
