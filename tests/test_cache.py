@@ -556,3 +556,14 @@ def test_cache_fill_makes_the_first_epoch_local(remote: Remote, tmp_path: Path):
     assert got == run_job(
         remote, tmp_path, epochs=[0], workers=2, root=str(remote.local), cache=False
     )
+
+
+def test_which_roots_are_cached_by_default(remote: Remote, tmp_path: Path):
+    """Remote roots are cached by default, local ones not unless a folder is given; False is
+    off for any root."""
+    options = {"storage_options": remote.storage_options}
+    assert ShardedLeRobotDataset(remote.url, **options).cache is not None
+    assert ShardedLeRobotDataset(remote.url, cache=False, **options).cache is None
+    assert ShardedLeRobotDataset(remote.local).cache is None
+    assert ShardedLeRobotDataset(remote.local, cache_dir=tmp_path).cache is not None
+    assert ShardedLeRobotDataset(remote.local, cache_dir=tmp_path, cache=False).cache is None

@@ -90,9 +90,7 @@ def cache_options(command: Callable) -> Callable:
 def cache_settings(
     cache: bool | None, cache_dir: str | None, limit: float | None, node_affinity: bool | None
 ) -> dict:
-    """The dataset arguments of :func:`cache_options`' flags (an explicit folder caches)."""
-    if cache is None and cache_dir is not None:
-        cache = True
+    """The dataset arguments of :func:`cache_options`' flags."""
     return {
         "cache": cache,
         "cache_dir": cache_dir,

@@ -128,8 +128,8 @@ class ShardedLeRobotDataset(IterableDataset):
     ``cache``, ``cache_dir``, ``cache_limit_gb``: a node-local disk cache of fetched episodes,
     shared by every rank, worker and job on the node, so that later epochs do not download
     again (``reader/fetch/cache.py``, ``docs/cache.md``). ``cache=None`` (default) caches remote
-    roots (object storage, HTTP, the Hub) and not local ones; ``True`` caches any root (a
-    shared filesystem's too), ``False`` none. ``cache_dir`` defaults to
+    roots (object storage, HTTP, the Hub), and any root when ``cache_dir`` is given; ``True``
+    caches any root (a shared filesystem's too), ``False`` none. ``cache_dir`` defaults to
     ``$LEROBOT_SHARDS_CACHE_DIR``, else the user's cache folder; ``cache_limit_gb`` to a share
     of the disk that never fills it. What it keeps follows the plan: what this node reads
     soonest (``reader/plan/next_use.py``).
@@ -237,8 +237,8 @@ class ShardedLeRobotDataset(IterableDataset):
             )
             epoch_units = plan.units
         self._planner = Planner(cat.episodes, cat.lengths, cat.cost, epoch_units)
-        if cache is None:
-            cache = any(not m.is_local for m in members)
+        if cache is None:  # a folder given, or a root fetched from elsewhere
+            cache = cache_dir is not None or any(not m.is_local for m in members)
         self.cache: CachedReads | None = None
         """The node-local episode cache this dataset reads through (None: uncached)."""
         if cache:
