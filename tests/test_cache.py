@@ -26,7 +26,7 @@ from pathlib import Path
 import fsspec
 import numpy as np
 import pytest
-import torch
+from support.batches import assert_same_items
 
 import lerobot_shards
 from lerobot_shards import DatasetRoot, ShardedLeRobotDataset
@@ -318,24 +318,13 @@ def test_a_changed_cached_file_is_fetched_again_never_served(
         got = list(ds)
     want = ShardedLeRobotDataset(remote.local, cache=False, **DATASET)
     want.set_epoch(1)
-    assert_same(got, list(want))
+    assert_same_items(got, list(want))
     assert len(caplog.records) == 2, [r.getMessage() for r in caplog.records]
     shards = sorted(
         r.path.rsplit("/", 1)[1] for r in remote.proxy.requests("GET", path_contains=remote.prefix)
     )
     assert shards == ["episode-000003.tar", "episode-000007.tar"]
     assert remote.downloaded() == remote.sizes[3] + remote.sizes[7]
-
-
-def assert_same(got: list[dict], want: list[dict]) -> None:
-    assert [int(i["index"]) for i in got] == [int(i["index"]) for i in want]
-    for a, b in zip(got, want, strict=True):
-        assert list(a) == list(b)
-        for key, value in b.items():
-            if isinstance(value, torch.Tensor):
-                assert torch.equal(a[key], value), (int(b["index"]), key)
-            else:
-                assert a[key] == value
 
 
 @pytest.mark.parametrize("folder", ["unwritable", "full"])
@@ -369,7 +358,7 @@ def test_a_cache_that_cannot_be_written_streams_uncached_with_one_warning(
             for epoch in range(2):
                 ds.set_epoch(epoch)
                 want.set_epoch(epoch)
-                assert_same(list(ds), list(want))
+                assert_same_items(list(ds), list(want))
         warned = [r.getMessage() for r in caplog.records if "cache" in r.getMessage()]
         assert len(warned) == 1, warned
     finally:
