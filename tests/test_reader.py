@@ -552,8 +552,8 @@ def test_s3_with_dataloader_workers(s3_av1, s3_bucket, av1):
 
 def test_resume_fetches_nothing_skipped(s3_av1, s3_bucket):
     def dataset():
-        return ShardedLeRobotDataset(
-            s3_av1, buffer_size=2, storage_options=s3_bucket.storage_options
+        return ShardedLeRobotDataset(  # uncached: the store's reads are what is counted
+            s3_av1, buffer_size=2, storage_options=s3_bucket.storage_options, cache=False
         )
 
     full = list(dataset())

@@ -205,7 +205,8 @@ class CacheStore:
 
     def _clean(self) -> None:
         """Remove what dead processes left: their pending rows (and a file one renamed into
-        place before it died), their temporary files, and entry files without a ready row."""
+        place before it died), their temporary files, entry files without a ready row, and
+        ready rows without their file (an eviction killed inside its transaction)."""
         doomed = []
         with self._write() as db:
             for key, owner, created in db.execute(
@@ -214,9 +215,13 @@ class CacheStore:
                 if not _owner(owner).alive(created):
                     db.execute("DELETE FROM entries WHERE key = ?", (key,))
             ready = {k for (k,) in db.execute("SELECT key FROM entries WHERE state = 'ready'")}
-            for key, path in files.entry_files(self.entries_dir).items():
+            on_disk = files.entry_files(self.entries_dir)
+            for key, path in on_disk.items():
                 if key not in ready:
                     doomed.append(self._retire(path))
+            # a process killed while evicting had moved the files out before its rows went
+            for key in ready - set(on_disk):
+                db.execute("DELETE FROM entries WHERE key = ?", (key,))
             for tmp in os.scandir(self.tmp_dir):
                 owner = files.owner_of_tmp(tmp.name)
                 if owner is None or not owner.alive(tmp.stat().st_mtime):
