@@ -141,7 +141,9 @@ class NodeSchedule:
                     part = fresh[p]
                     start = e * self._samples(fresh)
                     parts.append((start, part.episodes, part.plan(self._ordering, self._cost)))
-            self._schedules = {epoch: node_reads(parts)}  # the older epochs are past
+            # keep two: a part's end warms the next epoch up while its last fetches finish
+            self._schedules = {e: s for e, s in self._schedules.items() if e >= epoch - 1}
+            self._schedules[epoch] = node_reads(parts)
         return self._schedules[epoch]
 
     def keys(self) -> dict[str, int]:
