@@ -46,6 +46,30 @@ def test_reader_options_reach_the_reader(av1, trainer):
     assert ds.spec.return_uint8  # as LeRobot's factory asks
 
 
+def test_cache_options_reach_the_reader(av1, trainer, tmp_path):
+    """--cache-dir (which caches even a local root), --cache-limit-gb and --node-affinity, and
+    --no-cache."""
+    folder = tmp_path / "cache"
+    result = CliRunner().invoke(
+        main,
+        [
+            "train", "--shards", str(av1), "--cache-dir", str(folder), "--cache-limit-gb", "2",
+            "--node-affinity", "--policy.type=act",
+        ],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    ds = trainer[-1][0].open()
+    assert ds.cache is not None and ds.cache.directory == folder
+    assert ds.cache.limit_bytes == 2_000_000_000
+    assert ds.node_affinity is True
+    result = CliRunner().invoke(
+        main, ["train", "--shards", str(av1), "--no-cache", "--no-node-affinity"]
+    )
+    assert result.exit_code == 0, result.output
+    ds = trainer[-1][0].open()
+    assert ds.cache is None and ds.node_affinity is False
+
+
 def test_defaults_reach_the_reader(av1, trainer):
     result = CliRunner().invoke(main, ["train", "--shards", str(av1), "--policy.type=act"])
     assert result.exit_code == 0, result.output
