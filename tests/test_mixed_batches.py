@@ -37,19 +37,25 @@ def plain(item: dict) -> dict:
 def test_batches_are_the_items_collated_their_frames_a_view_of_the_workers_rows(av1):
     """Every batch equals torch's default_collate of the same items, made in process; the
     frames of a camera whose frames are channel-last views were written by both workers into
-    one shared slot and reach the loop as a view of it, not a copy."""
+    one shared slot and reach the loop as a view of it, not a copy. Then a loop that keeps
+    every batch: once every slot is held, the batches are copies, the same batches."""
     as_items = {int(i["index"]): plain(i) for i in dataset(av1, return_uint8=True)}
     loader = ShardedDataLoader(dataset(av1, return_uint8=True), batch_size=BATCH, num_workers=2)
     assert loader.mixed_batches
-    batches = list(loader)
-    assert sorted(i for b in batches for i in b["index"].tolist()) == list(range(FRAMES))
-    for batch in batches:
-        want = default_collate([as_items[i] for i in batch["index"].tolist()])
-        assert_same_batch(batch, want)
-        wrist = batch["observation.images.cam_left_wrist"]  # 24x32: rows without padding
-        assert wrist.movedim(-3, -1).is_contiguous()
-        assert not wrist.untyped_storage().is_shared()  # not a copy into torch's shared memory
-        assert wrist.untyped_storage().nbytes() > 2 * wrist.nbytes  # a view of a larger slot
+    for hoard in (False, True):
+        indices, kept, viewed = [], [], []
+        for batch in loader:
+            indices += batch["index"].tolist()
+            want = default_collate([as_items[i] for i in batch["index"].tolist()])
+            assert_same_batch(batch, want)
+            wrist = batch["observation.images.cam_left_wrist"]  # 24x32: rows without padding
+            assert wrist.movedim(-3, -1).is_contiguous()
+            assert not wrist.untyped_storage().is_shared()  # not torch's shared memory
+            viewed.append(wrist.untyped_storage().nbytes() > 2 * wrist.nbytes)  # of a slot
+            if hoard:
+                kept.append(batch)
+        assert sorted(indices) == list(range(FRAMES))
+        assert all(viewed) if not hoard else viewed[0] and not viewed[-1]
 
 
 def test_every_state_of_an_epoch_with_3_workers_resumes_exactly_the_rest(av1, monkeypatch):
@@ -154,7 +160,7 @@ def many_episodes(tmp_path_factory: pytest.TempPathFactory):
     lengths = np.random.default_rng(3).integers(20, 31, EPISODES).tolist()
     base = tmp_path_factory.mktemp("mixing")
     source = make_dataset(
-        base / "source", episode_lengths=lengths, cameras={"observation.images.cam": (16, 16)}
+        base / "source", episode_lengths=lengths, cameras={"observation.images.cam": (32, 32)}
     )
     lerobot_shards.convert(str(source), str(base / "shards"), workers=0, progress=False)
     return base / "shards"
