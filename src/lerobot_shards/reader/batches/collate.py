@@ -43,6 +43,9 @@ class CameraFrames(transfer.TaggedTensor):
 
     camera: str
     """The item's key for these frames."""
+    rows: tuple[torch.Tensor, int] | None = None
+    """In the loader's process, frames of a mixed batch: the tensor of the batch's rows of this
+    camera and which row these frames are (``rows.unpack``)."""
 
 
 class ItemTensor(transfer.TaggedTensor):
@@ -86,6 +89,17 @@ def channels_last_view(value: object) -> bool:
 def collate_frames(batch: Sequence[torch.Tensor], *, collate_fn_map=None) -> torch.Tensor:
     """``default_collate``'s function for :class:`CameraFrames`: the frames stacked channel-last
     (no transposing copy), as a channel-first tensor."""
+    whole = getattr(batch[0], "rows", None)
+    whole = None if whole is None else whole[0]
+    if (
+        whole is not None
+        and len(whole) == len(batch)
+        and all(
+            getattr(f, "rows", None) is not None and f.rows[0] is whole and f.rows[1] == n
+            for n, f in enumerate(batch)
+        )
+    ):
+        return whole  # every row of a shared batch, in order: it is the batch
     plain = [f.as_subclass(torch.Tensor) for f in batch]
     in_place = rows_in_place(plain) if get_worker_info() is None else None
     if in_place is not None:

@@ -15,6 +15,7 @@ the ring unavailable) travel torch's way and are copied by ``collate``: slower, 
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Iterator, Mapping
 from typing import Any, NamedTuple
@@ -149,25 +150,40 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 def unpack(items: list[dict[str, Any]], ring: BatchRing | None) -> list[dict[str, Any]]:
     """The loader's side: each item's :class:`Place`\\ s as views of the ring's slots, camera
-    frames typed as ``collate.py`` batches them (one view of a slot per batch and slot)."""
-    bases: dict[int, torch.Tensor] = {}
-    out = []
-    for item in items:
-        ready = {}
+    frames typed as ``collate.py`` batches them. The frames of a camera that lie in rows of one
+    slot are rows of one tensor (``CameraFrames.rows`` says which), which ``collate`` returns
+    whole when it is handed every row in order."""
+    found: dict[tuple, list[tuple[int, int]]] = {}  # place's kind -> (item, offset)
+    for n, item in enumerate(items):
         for key, value in item.items():
             if type(value) is Place:
-                if ring is None:
-                    raise RuntimeError("a worker wrote rows into a ring this loader does not have")
-                base = bases.get(value.slot)
-                if base is None:
-                    base = bases[value.slot] = ring.view(value.slot)
-                dtype = getattr(torch, value.dtype)
-                nbytes = int(np.prod(value.shape)) * dtype.itemsize
-                tensor = base[value.offset : value.offset + nbytes].view(dtype).view(value.shape)
-                if value.channels_last:
-                    tensor = tensor.movedim(-1, -3)
-                value = tensor.as_subclass(CameraFrames)
-                value.camera = key
-            ready[key] = value
-        out.append(ready)
+                kind = (value.slot, key, value.shape, value.dtype, value.channels_last)
+                found.setdefault(kind, []).append((n, value.offset))
+    if found and ring is None:
+        raise RuntimeError("a worker wrote rows into a ring this loader does not have")
+    out = [dict(item) for item in items]
+    bases: dict[int, torch.Tensor] = {}
+    for (slot, key, shape, dtype_name, channels_last), places in found.items():
+        if slot not in bases:
+            bases[slot] = ring.view(slot)
+        dtype = getattr(torch, dtype_name)
+        nbytes = math.prod(shape) * dtype.itemsize
+        first = min(offset for _, offset in places)
+        count = (max(offset for _, offset in places) - first) // nbytes + 1
+        if any((offset - first) % nbytes for _, offset in places):  # not rows of one tensor
+            rows = None
+        else:
+            rows = bases[slot][first : first + count * nbytes].view(dtype).view(count, *shape)
+            rows = rows.movedim(-1, -3) if channels_last else rows
+        for n, offset in places:
+            if rows is not None:
+                frames = rows[(offset - first) // nbytes].as_subclass(CameraFrames)
+                frames.rows = (rows, (offset - first) // nbytes)
+            else:
+                memory = bases[slot][offset : offset + nbytes].view(dtype).view(shape)
+                frames = (memory.movedim(-1, -3) if channels_last else memory).as_subclass(
+                    CameraFrames
+                )
+            frames.camera = key
+            out[n][key] = frames
     return out
