@@ -34,6 +34,7 @@ def plain(item: dict) -> dict:
     }
 
 
+@pytest.mark.slow
 def test_batches_are_the_items_collated_their_frames_a_view_of_the_workers_rows(av1):
     """Every batch equals torch's default_collate of the same items, made in process; the
     frames of a camera whose frames are channel-last views were written by both workers into
@@ -58,6 +59,7 @@ def test_batches_are_the_items_collated_their_frames_a_view_of_the_workers_rows(
         assert all(viewed) if not hoard else viewed[0] and not viewed[-1]
 
 
+@pytest.mark.slow
 def test_every_state_of_an_epoch_with_3_workers_resumes_exactly_the_rest(av1, monkeypatch):
     as_rank(monkeypatch, 0, 1)
     loader = ShardedDataLoader(
@@ -116,6 +118,7 @@ def test_a_3_worker_state_resumes_on_fewer_workers_every_frame_once(av1, new_wor
     assert_exactly_once(consumed, streams, new_workers)
 
 
+@pytest.mark.slow
 def test_a_state_resumes_between_mixed_and_unmixed_batches(av1):
     """The batching is part of the state: one taken with mixed batches on 2 ranks resumes
     elastically without them on 1, and the reverse."""
