@@ -296,6 +296,13 @@ def parse_weights(spec: str | None, count: int) -> list[float] | None:
     show_default=True,
     help="Seconds between progress lines.",
 )
+@click.option(
+    "--mixed-batches/--no-mixed-batches",
+    default=True,
+    show_default=True,
+    help="Each batch mixes every worker's pool (ShardedDataLoader's default), or comes from "
+    "one worker.",
+)
 @cache_options
 @click.option(
     "--report",
@@ -308,8 +315,9 @@ def stream(
     roots: tuple[str, ...], weights: str | None, workers: int, batch_size: int,
     seconds: float | None, epochs: int | None,
     buffer_size: int, byte_budget_gb: float | None, uint8: bool, seed: int,
-    decode_threads: int | None, interval: float, cache: bool | None, cache_dir: str | None,
-    cache_limit_gb: float | None, node_affinity: bool | None, report_path: str | None,
+    decode_threads: int | None, interval: float, mixed_batches: bool, cache: bool | None,
+    cache_dir: str | None, cache_limit_gb: float | None, node_affinity: bool | None,
+    report_path: str | None,
 ) -> None:  # fmt: skip
     """Stream the converted dataset at ROOT (several ROOTS: their mixture) through a
     DataLoader and print what it delivers: samples/s, camera frames/s, shard MB/s and the
@@ -357,6 +365,7 @@ def stream(
                 report=lambda s: click.echo(s.line()),
                 interval_s=interval,
                 log=log,
+                mixed_batches=mixed_batches,
             )
         except (FormatError, FileNotFoundError, ValueError) as exc:
             raise click.ClickException(str(exc)) from exc
