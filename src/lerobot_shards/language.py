@@ -65,9 +65,6 @@ class LanguageColumn:
         self.messages = _cast(array, key)
         self._json_calls = _check_tool_calls(self.messages, key)
 
-    def __len__(self) -> int:
-        return len(self.messages)
-
     def value(self, position: int) -> list[dict[str, Any]] | None:
         """Row ``position``'s messages (a list of dicts), or None for an empty row."""
         messages = self.messages[position].as_py()
