@@ -22,8 +22,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, default_collate
 
+from lerobot_shards.reader.batches.collate import collate
 from lerobot_shards.reader.batches.ring import BatchRing, ring_available
 from lerobot_shards.reader.loading.dataset import ShardedLeRobotDataset
 from lerobot_shards.reader.loading.mixed import Mixing, SegmentSource, assemble
@@ -70,6 +71,7 @@ class ShardedDataLoader(DataLoader):
         super().__init__(dataset, *args, **kwargs)
         if self.batch_size is None:
             raise ValueError("ShardedDataLoader needs a batch_size (batches it can count)")
+        check_collate(self.collate_fn, dataset)
         dataset.num_workers = self.num_workers
         # The process that ends an epoch runs the next one: it may warm it up (warm_start.py).
         warm = self.num_workers == 0 or self.persistent_workers
@@ -217,6 +219,23 @@ def _pinned(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return type(value)(_pinned(v) for v in value)
     return value
+
+
+def check_collate(collate_fn: Any, dataset: ShardedLeRobotDataset) -> None:
+    """Refuse torch's ``default_collate`` for items that hold LeRobot's language columns: it
+    cannot batch their values (None, lists of messages of different lengths), and would fail
+    at the first batch. LeRobot's trainer collates such datasets with its own
+    ``lerobot_collate_fn`` (it asks ``meta.has_language_columns``)."""
+    if collate_fn not in (default_collate, collate):
+        return
+    language = [k for k, f in dataset.meta.features.items() if f.get("dtype") == "language"]
+    if language:
+        raise ValueError(
+            f"the items hold LeRobot's language columns {language} (lists of messages, None "
+            "where a row is empty), which torch's default_collate cannot batch: pass "
+            "collate_fn=lerobot.utils.collate.lerobot_collate_fn (what lerobot-train uses: it "
+            "leaves them out of the batch), or a collate_fn of your own that keeps them as lists"
+        )
 
 
 def batch_length(batch: Any) -> int:
