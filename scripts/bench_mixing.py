@@ -12,8 +12,10 @@ For every draw rule, over ``--epochs`` epochs and ``--seeds`` seeds:
 - the same over the first and the last tenth of each epoch's batches (the pools' steady state
   and the tail, where nothing is left to admit);
 
-beside the global-shuffle ideal (``batch_size`` frames drawn uniformly without replacement from
-all frames) and uniform draws from the episodes the workers' pools hold together.
+beside a global shuffle measured alike (every frame of the dataset in one random permutation per
+seed and epoch, cut into batches), its expectation (``batch_size`` frames drawn uniformly without
+replacement from all frames) and uniform draws from the episodes the workers' pools hold
+together.
 
 ``--candidates`` also runs the tail rules the pool's rule was chosen against, simulated by a
 plain walk over the same parts (uniform picks while episodes wait, then in the tail: each
@@ -94,6 +96,12 @@ def candidate_walk(
     return np.array(out, dtype=np.int64)
 
 
+def global_shuffle(lengths: np.ndarray, seed: int, epoch: int) -> np.ndarray:
+    """Episodes of every frame of the dataset in one uniformly random order."""
+    episodes = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
+    return np.random.default_rng([seed, epoch, 0x5EED]).permutation(episodes)
+
+
 def distinct_per_batch(episodes: np.ndarray, batch_size: int) -> np.ndarray:
     whole = len(episodes) // batch_size * batch_size
     batches = np.sort(episodes[:whole].reshape(-1, batch_size), axis=1)
@@ -129,17 +137,20 @@ def main() -> None:
             held = min(episodes, workers * args.buffer_size)
             print(
                 f"\n{episodes} episodes, {workers} workers, buffer_size {args.buffer_size}, "
-                f"batch {b}: global shuffle {ideal:.2f}, uniform from the {held} episodes the "
-                f"pools hold {uniform_ideal(held, b):.2f}"
+                f"batch {b}: a global shuffle expects {ideal:.2f}, uniform from the {held} "
+                f"episodes the pools hold {uniform_ideal(held, b):.2f}"
             )
-            for name, rule, tail in rules:
+            for name, rule, tail in [*rules, ("global shuffle", RULES[0], "global")]:
                 means, heads, tails, every = [], [], [], []
                 for seed in range(args.seeds):
                     ordering = Ordering(
                         seed, True, args.buffer_size, None, False, False, draw_rule=rule
                     )
                     for epoch in range(args.epochs):
-                        stream = rank_stream(planner, ordering, workers, epoch, tail)
+                        if tail == "global":
+                            stream = global_shuffle(lengths, seed, epoch)
+                        else:
+                            stream = rank_stream(planner, ordering, workers, epoch, tail)
                         d = distinct_per_batch(stream, b)
                         tenth = max(1, len(d) // 10)
                         means.append(d.mean())
