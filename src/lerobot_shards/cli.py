@@ -144,7 +144,7 @@ def main() -> None:
     "--decode-check",
     is_flag=True,
     help="Also decode each cut's first frame, catching damaged source keyframes at conversion "
-    "(about 45%% more time per episode; verify --deep decodes every frame).",
+    "(about 45% more time per episode; verify --deep decodes every frame).",
 )
 def convert(
     source: str, dest: str, episodes: str | None, workers: int | None, overwrite: bool,
