@@ -80,6 +80,26 @@ def test_the_readme_is_a_front_page():
     assert "bash scripts/test.sh" in text
 
 
+HISTORY = re.compile(
+    r"version(s)? (before|ago)|the version before|previous version|earlier version|"
+    r"\bmain's\b|\bthe issue's\b|before this change|\bbound (then|now)\b|"
+    r"\bno longer\b|\bused to\b",
+    re.I,
+)
+"""How a page speaks of the code's history rather than of the code (CHANGELOG.md's job)."""
+
+
+def test_user_pages_speak_of_the_software_not_its_history():
+    pages = [README, *sorted(ROOT.glob("docs/**/*.md"))]
+    found = [
+        f"{page.relative_to(ROOT)}:{text.count(chr(10), 0, m.start()) + 1}: {m[0]!r}"
+        for page in pages
+        for text in [page.read_text()]
+        for m in HISTORY.finditer(text)
+    ]
+    assert not found, "history belongs in CHANGELOG.md:\n" + "\n".join(found)
+
+
 def test_every_page_with_python_snippets_is_run():
     pages = ["README.md", *(str(p.relative_to(ROOT)) for p in sorted(ROOT.glob("docs/**/*.md")))]
     assert {page for page in pages if python_snippets(page)} == set(PAGES)
