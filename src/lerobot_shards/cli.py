@@ -76,8 +76,9 @@ def cache_options(command: Callable) -> Callable:
     command = click.option(
         "--cache-dir",
         type=click.Path(file_okay=False),
-        help="The cache folder, shared by every process on the node (default: "
-        "$LEROBOT_SHARDS_CACHE_DIR, else ~/.cache/lerobot-shards). Caches any root.",
+        help="The cache folder, on a local disk of the node, shared by every process on it "
+        "(default: $LEROBOT_SHARDS_CACHE_DIR, else ~/.cache/lerobot-shards; a folder on a "
+        "network filesystem is warned about). Caches any root.",
     )(command)
     return click.option(
         "--cache/--no-cache",
