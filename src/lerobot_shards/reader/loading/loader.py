@@ -35,6 +35,15 @@ class ShardedDataLoader(DataLoader):
     persistent workers (or none), each process whose part of an epoch is spent starts fetching
     and decoding its next epoch's first draws while the last batches drain
     (``warm_start.py``).
+
+    Args:
+        dataset: The dataset to load; the loader sets its ``num_workers``.
+        *args: The DataLoader's positional arguments.
+        **kwargs: The DataLoader's keyword arguments, with its defaults: ``batch_size`` (1; None
+            is refused, batches must be counted), ``num_workers`` (0: in this process),
+            ``collate_fn`` (``default_collate``; any that ends in it is as fast),
+            ``persistent_workers`` (False), ``pin_memory``, ``prefetch_factor``, ...; no
+            ``sampler`` or ``shuffle`` (the dataset orders itself).
     """
 
     def __init__(self, dataset: ShardedLeRobotDataset, *args: Any, **kwargs: Any) -> None:
