@@ -56,8 +56,8 @@ def documented_objects(markdown: str) -> dict[str, Any]:
 def reference_gaps(paths: dict[str, Any]) -> list[str]:
     """What the API page leaves out of the objects at ``paths``: a parameter of an exported
     function or class's constructor without its ``Args:`` entry, and a type of this package
-    that one of them returns (a function's or method's return annotation, a property's or attribute's
-    annotation) but the page does not document."""
+    that one of them returns (a function's or method's return annotation, a property's or
+    attribute's annotation) but the page does not document."""
     package = griffe.load(
         "lerobot_shards",
         search_paths=[str(ROOT / "src")],
