@@ -53,9 +53,16 @@ class TinyPolicy(torch.nn.Module):
 
 
 def run_demo(
-    workdir: str | Path, *, workers: int = 2, batch_size: int = 8, seed: int = 0
+    workdir: str | Path,
+    *,
+    workers: int | None = None,
+    num_workers: int = 2,
+    batch_size: int = 8,
+    seed: int = 0,
 ) -> DemoReport:
-    """Make, convert and stream the sample dataset in ``workdir`` (recreated); train one epoch."""
+    """Make, convert (``workers`` converter processes; None: the CPU count) and stream
+    (``num_workers`` DataLoader workers) the sample dataset in ``workdir`` (recreated); train
+    one epoch."""
     from lerobot_shards import ShardedDataLoader, ShardedLeRobotDataset, convert
     from lerobot_shards.testing.factory import make_dataset
 
@@ -75,7 +82,7 @@ def run_demo(
     convert_seconds = time.perf_counter() - started
 
     ds = ShardedLeRobotDataset(str(workdir / "shards"), seed=seed, buffer_size=4, return_uint8=True)
-    loader = ShardedDataLoader(ds, batch_size=batch_size, num_workers=workers)
+    loader = ShardedDataLoader(ds, batch_size=batch_size, num_workers=num_workers)
     model = TinyPolicy(len(ds.meta.camera_keys), state_dim=4, action_dim=4)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
 
