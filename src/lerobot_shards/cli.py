@@ -460,6 +460,20 @@ def stream(
         click.echo(line)
 
 
+LEROBOT_VERSION = "0.6.1"
+"""The LeRobot whose trainer ``lerobot-shards train`` runs (and is tested with)."""
+
+
+def lerobot_version() -> str | None:
+    """The installed LeRobot's version, None if it is not installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("lerobot")
+    except PackageNotFoundError:
+        return None
+
+
 @main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
 @click.option(
     "--shards",
@@ -479,18 +493,30 @@ def train(
     buffer_size: int, byte_budget_gb: float | None, cache: bool | None, cache_dir: str | None,
     cache_limit_gb: float | None, node_affinity: bool | None,
 ) -> None:  # fmt: skip
-    """Train with LeRobot's own trainer, lerobot-train, on shards: every other argument is
-    lerobot-train's (--policy.type=act, --steps, --batch_size, --num_workers, --output_dir,
+    """Train with LeRobot 0.6.1's own trainer, lerobot-train, on shards: every other argument
+    is lerobot-train's (--policy.type=act, --steps, --batch_size, --num_workers, --output_dir,
     --resume=true --config_path=..., ...). Run it under accelerate launch or torchrun for
-    several GPUs. Needs pip install 'lerobot[training]'."""
+    several GPUs. It runs where LeRobot 0.6.1 is installed: the environment
+    scripts/setup_lerobot_env.sh makes (.venv-lerobot), or pip install
+    'lerobot[training]==0.6.1'."""
     try:
         from lerobot_shards.train.arguments import RefusedArgument
         from lerobot_shards.train.datasets import Shards
         from lerobot_shards.train.run import train as run_train
     except ImportError as exc:
         raise click.ClickException(
-            f"lerobot-shards train runs LeRobot's trainer: pip install 'lerobot[training]' ({exc})"
+            f"lerobot-shards train runs LeRobot {LEROBOT_VERSION}'s trainer, which this "
+            f"environment cannot import ({exc}): run it in LeRobot {LEROBOT_VERSION}'s "
+            "environment (from a checkout, bash scripts/setup_lerobot_env.sh makes "
+            f".venv-lerobot), or pip install 'lerobot[training]=={LEROBOT_VERSION}'"
         ) from exc
+    installed = lerobot_version()
+    if installed != LEROBOT_VERSION:
+        click.echo(
+            f"warning: lerobot-shards train is made for LeRobot {LEROBOT_VERSION}'s trainer; "
+            f"this environment has LeRobot {installed}",
+            err=True,
+        )
     if weights is not None and len(roots) < 2:
         raise click.BadParameter("weights are for several --shards", param_hint="--weights")
     shards = None

@@ -52,6 +52,23 @@ class TinyPolicy(torch.nn.Module):
         return self.head(torch.cat([*pooled, state], dim=-1))
 
 
+def make_demo_dataset(folder: str | Path, seed: int = 0) -> Path:
+    """The demo's sample LeRobot v3.0 dataset at ``folder`` (``WORKDIR/lerobot``): 12 episodes
+    of 1-90 frames at 30 fps, cameras ``observation.images.top`` (96x128) and
+    ``observation.images.wrist`` (48x64), 4-dimensional ``observation.state`` and ``action``.
+    The README's tour and the guides' snippets run on it."""
+    from lerobot_shards.testing.factory import make_dataset
+
+    return make_dataset(
+        Path(folder),
+        episode_lengths=DEMO_EPISODE_LENGTHS,
+        cameras=DEMO_CAMERAS,
+        fps=30,
+        content="realistic",
+        seed=seed,
+    )
+
+
 def run_demo(
     workdir: str | Path,
     *,
@@ -64,19 +81,11 @@ def run_demo(
     (``num_workers`` DataLoader workers) the sample dataset in ``workdir`` (recreated); train
     one epoch."""
     from lerobot_shards import ShardedDataLoader, ShardedLeRobotDataset, convert
-    from lerobot_shards.testing.factory import make_dataset
 
     workdir = Path(workdir)
     if workdir.exists():
         shutil.rmtree(workdir)
-    source = make_dataset(
-        workdir / "lerobot",
-        episode_lengths=DEMO_EPISODE_LENGTHS,
-        cameras=DEMO_CAMERAS,
-        fps=30,
-        content="realistic",
-        seed=seed,
-    )
+    source = make_demo_dataset(workdir / "lerobot", seed=seed)
     started = time.perf_counter()
     summary = convert(str(source), str(workdir / "shards"), workers=workers, progress=False)
     convert_seconds = time.perf_counter() - started
