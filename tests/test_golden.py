@@ -1,8 +1,9 @@
 """The items LeRobot itself returned, recorded: LeRobotSource and the converted shards read by
 ShardedLeRobotDataset both equal them, key for key, value for value (torch.equal), task for task.
 
-Golden data: v3.0 written and read by LeRobot 0.6.1 (tests/data/lerobot-0.6.1) and v2.1 written
-and read by LeRobot 0.3.3 (tests/data/lerobot-0.3.3-v2.1); each folder's README says how.
+Golden data: v3.0 written and read by LeRobot 0.6.1 (tests/data/lerobot-0.6.1: recordings, and
+recordings merged by its own aggregate_datasets) and v2.1 written and read by LeRobot 0.3.3
+(tests/data/lerobot-0.3.3-v2.1); each folder's README says how.
 """
 
 from __future__ import annotations
@@ -18,8 +19,16 @@ from support.required import importorskip
 from lerobot_shards import ShardedLeRobotDataset
 from lerobot_shards.source import LeRobotSource
 
-DATASETS = ["av1_multifile", "image", "v21_video", "v21_image"]
-FRAMES = 74
+FRAMES = {
+    "av1_multifile": 74,
+    "image": 74,
+    "v21_video": 74,
+    "v21_image": 74,
+    "aggregated": 148,  # av1_multifile merged with itself by LeRobot's aggregate_datasets
+    "aggregated_image": 148,
+}
+"""The golden datasets and their frames."""
+DATASETS = list(FRAMES)
 
 
 def expected_items(path, delta: bool) -> tuple[list[str], list[str], np.lib.npyio.NpzFile]:
@@ -47,7 +56,7 @@ def test_every_index_equals_lerobot(golden_path, golden_delta_timestamps, name, 
     source = LeRobotSource(
         str(golden_path(name)), delta_timestamps=golden_delta_timestamps if delta else None
     )
-    assert len(source) == len(tasks) == FRAMES
+    assert len(source) == len(tasks) == FRAMES[name]
     for index in range(len(source)):
         assert_item_is_golden(source[index], index, keys, tasks, recorded)
 
@@ -65,7 +74,7 @@ def test_shards_equal_lerobot(golden_path, shards, golden_delta_timestamps, name
         index = int(item["index"])
         assert_item_is_golden(item, index, keys, tasks, recorded)
         order.append(index)
-    assert sorted(order) == list(range(FRAMES)) and order != sorted(order)
+    assert sorted(order) == list(range(FRAMES[name])) and order != sorted(order)
 
 
 @pytest.mark.parametrize("name", DATASETS)
@@ -94,7 +103,7 @@ def test_dataloader_workers_equal_lerobot(golden_dir, golden_delta_timestamps):
         assert_item_is_golden(item, index, keys, tasks, recorded)
 
 
-@pytest.mark.parametrize("name", ["av1_multifile", "image"])
+@pytest.mark.parametrize("name", ["av1_multifile", "image", "aggregated"])
 def test_return_uint8_equals_lerobots_own(golden_path, shards, name):
     """lerobot-train's own setting, ``return_uint8=True``: video frames uint8 and image
     features float32, every value as LeRobot's LeRobotDataset returns it, from the source and
@@ -107,8 +116,8 @@ def test_return_uint8_equals_lerobots_own(golden_path, shards, name):
     )
     source = LeRobotSource(str(golden_path(name)), return_uint8=True)
     items = list(ShardedLeRobotDataset(shards(name), buffer_size=3, return_uint8=True))
-    assert sorted(int(item["index"]) for item in items) == list(range(FRAMES))
-    for item in [*items, *(source[i] for i in range(FRAMES))]:
+    assert sorted(int(item["index"]) for item in items) == list(range(FRAMES[name]))
+    for item in [*items, *(source[i] for i in range(FRAMES[name]))]:
         index = int(item["index"])
         expected = theirs[index]
         assert list(item) == list(expected), index

@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -46,6 +47,8 @@ DTYPES = frozenset(
     + [f"{sign}int{n}" for sign in ("", "u") for n in (8, 16, 32, 64)]
 )
 """The feature dtypes the reader makes items of (LeRobot's); any other is refused."""
+NUMERIC = frozenset(["float32", "int64", "bool"])
+"""The value kinds (:func:`value_kind`) of features whose rows are numbers."""
 TOLERANCE_S = 1e-4
 """LeRobot's default ``tolerance_s``: how far a row's ``timestamp`` may be from
 ``frame_index / fps`` (plus the rounding of a float32 timestamp)."""
@@ -130,12 +133,13 @@ def check_rows(
     where: str,
     fps: float,
     tolerance_s: float = TOLERANCE_S,
-) -> None:
-    """An episode's rows hold exactly the features but the videos (no other column), in the
-    features' order (an item's keys follow the rows', as LeRobot's do), each of its declared
-    dtype (exactly: a float64 column is no float32 feature) and shape, no empty values, every
-    image as bytes (not a path); their ``episode_index`` and ``index`` are the header's,
-    ``frame_index`` counts 0..length-1 and ``timestamp`` is ``frame_index / fps`` within
+) -> pa.Table:
+    """The episode's rows, checked, each numeric feature in its Arrow type of the shards
+    (:func:`canonical_column`). They hold exactly the features but the videos (no other
+    column), in the features' order (an item's keys follow the rows', as LeRobot's do), each
+    of its declared dtype (exactly: a float64 column is no float32 feature) and shape, no empty
+    values, every image as bytes (not a path); their ``episode_index`` and ``index`` are the
+    header's, ``frame_index`` counts 0..length-1 and ``timestamp`` is ``frame_index / fps`` within
     ``tolerance_s`` (items must agree with what LeRobot serves, which finds video frames by
     timestamp); every ``task_index`` names one of the dataset's ``tasks`` (by task_index), and
     one its header names. Columnar: per episode, not per row."""
@@ -146,6 +150,7 @@ def check_rows(
     extra = [name for name in table.column_names if name not in wanted]
     if extra:
         raise FormatError(f"{where}: the rows have columns {extra} that are not features")
+    columns: dict[str, pa.ChunkedArray] = {}  # the numeric features', in row_type
     for key in wanted:
         feature = features[key]
         if key not in table.column_names:
@@ -158,23 +163,16 @@ def check_rows(
             if not (pa.types.is_string(typ) or pa.types.is_large_string(typ)):
                 raise FormatError(f"{where}: the rows' {key!r} is {typ}, the features say string")
             continue
-        kind, shape = value_kind(feature, False)
-        if kind not in ("float32", "int64", "bool"):
-            continue
-        got = []
-        while pa.types.is_fixed_size_list(typ):
-            got.append(typ.list_size)
-            typ = typ.value_type
-        if typ != pa.type_for_alias(feature["dtype"]) or tuple(got) != shape:
-            raise FormatError(
-                f"{where}: the rows' {key!r} is {table.schema.field(key).type} per row, the "
-                f"features say {feature['dtype']} of shape {shape}"
-            )
+        if value_kind(feature, False)[0] in NUMERIC:
+            columns[key] = canonical_column(table.column(key), feature, key, where)
     if table.column_names != wanted:
         raise FormatError(
             f"{where}: the rows' columns are in the order {table.column_names}, the features' "
             f"is {wanted}"
         )
+    for key, column in columns.items():
+        if column is not table.column(key):
+            table = table.set_column(table.column_names.index(key), key, column)
     positions = np.arange(table.num_rows)
     expected = {
         "episode_index": np.full(table.num_rows, header.episode_index),
@@ -208,6 +206,78 @@ def check_rows(
                 f"{where}: row {row}'s task_index {i} is the task {tasks[i]!r}, not one of its "
                 f"header's tasks {header.tasks}"
             )
+    return table
+
+
+_is_fixed = pa.types.is_fixed_size_list
+
+
+def row_type(feature: Mapping[str, Any]) -> pa.DataType:
+    """The Arrow type the shards store a numeric feature's rows in: its dtype, as a scalar for
+    shape ``(1,)``, else nested ``fixed_size_list`` of its shape (what LeRobot's recorder
+    writes, and what LeRobot casts every data file to when it loads one)."""
+    typ = pa.type_for_alias(str(feature["dtype"]))
+    for size in reversed(value_kind(feature, False)[1]):
+        typ = pa.list_(pa.field("element", typ), size)
+    return typ
+
+
+def canonical_rows(table: pa.Table, features: Mapping[str, Mapping], where: str) -> pa.Table:
+    """``table`` with each numeric feature's column in :func:`row_type`
+    (:func:`canonical_column`); every other column as it is."""
+    for key, feature in features.items():
+        camera = feature.get("dtype") in ("video", "image")
+        if key in table.column_names and not camera and value_kind(feature, False)[0] in NUMERIC:
+            column = canonical_column(table.column(key), feature, key, where)
+            if column is not table.column(key):
+                table = table.set_column(table.column_names.index(key), key, column)
+    return table
+
+
+def canonical_column(
+    column: pa.ChunkedArray, feature: Mapping[str, Any], key: str, where: str
+) -> pa.ChunkedArray:
+    """A numeric feature's rows in :func:`row_type`, the same values.
+
+    LeRobot's own tools write vectors as ``list`` where a recording writes ``fixed_size_list``
+    (``aggregate_datasets``, ``modify_tasks`` and the v2.1 to v3.0 script go through pandas),
+    and Hugging Face's ``Array2D`` and up store nested ``list``; LeRobot casts each data file to
+    the features' type when it loads it. So ``list``, ``large_list`` and ``fixed_size_list``,
+    nested as deep as the shape, of the features' exact element type, are one feature when
+    every row has the features' shape. A row of another shape, an empty value at any depth or
+    another element type is refused (LeRobot's cast fails, or changes the values)."""
+    values = column
+    if isinstance(values.type, pa.ExtensionType):  # Hugging Face's ArrayND: nested lists
+        values = pa.chunked_array([c.storage for c in values.chunks], values.type.storage_type)
+    shape = value_kind(feature, False)[1]
+    levels, leaf = [], values.type
+    while pa.types.is_list(leaf) or pa.types.is_large_list(leaf) or _is_fixed(leaf):
+        levels.append(leaf)
+        leaf = leaf.value_type
+    sizes = tuple((t.list_size if _is_fixed(t) else n) for t, n in zip(levels, shape, strict=False))
+    element = pa.type_for_alias(str(feature["dtype"]))
+    if leaf != element or len(levels) != len(shape) or sizes != shape:
+        raise FormatError(
+            f"{where}: the rows' {key!r} is {column.type} per row, the features say "
+            f"{feature['dtype']} of shape {shape}"
+        )
+    level, outer = values, 1
+    for axis, size in enumerate(shape):
+        if level.null_count:
+            raise FormatError(f"{where}: the rows' {key!r} have empty values inside a row")
+        if not _is_fixed(level.type):
+            lengths = pc.list_value_length(level).to_numpy()
+            bad = np.flatnonzero(lengths != size)
+            if len(bad):
+                raise FormatError(
+                    f"{where}: row {int(bad[0]) // outer}'s {key!r} holds {int(lengths[bad[0]])} "
+                    f"values on axis {axis}, the features say shape {shape}"
+                )
+        level, outer = pc.list_flatten(level), outer * size
+    if level.null_count:
+        raise FormatError(f"{where}: the rows' {key!r} have empty values inside a row")
+    want = row_type(feature)
+    return column if values.type == want and values is column else values.cast(want)
 
 
 def _check_image_column(column: pa.ChunkedArray, key: str, where: str) -> None:
@@ -482,17 +552,24 @@ def check_ranges(manifest: pa.Table, info: Mapping[str, Any], where: str) -> Non
         )
 
 
+class MissingStatsWarning(UserWarning):
+    """``meta/stats.json`` has no statistics of some features: LeRobot reads such a dataset
+    (its ``add_features`` writes one) and normalizes none of those features."""
+
+
 STATS_EXEMPT = frozenset(["string", "language"])
 """Feature dtypes LeRobot computes no statistics of (``compute_episode_stats``)."""
 
 
 def check_stats(stats: Any, features: Mapping[str, Mapping], where: str) -> dict[str, Any]:
     """``meta/stats.json`` as numpy arrays (LeRobot's ``cast_stats_to_numpy``), as LeRobot
-    writes it: one entry per feature (but text ones) and no other, the cameras' with the same
+    writes it: no entry of what is not a feature, and one per feature but text ones (a feature
+    without is warned of: :class:`MissingStatsWarning`), the cameras' with the same
     statistics, the other features' with the same statistics (LeRobot's quantile script may
     leave the cameras' as they were), each a rectangular array of finite numbers of its
     feature's shape (``count`` one number, a camera's stats one per channel, ``(C, 1, 1)``,
-    any other the feature's shape). LeRobot normalizes with them: a NaN would train on NaN."""
+    any other the feature's shape, or its last axis': LeRobot's recorder writes those of a
+    feature of several axes so). LeRobot normalizes with them: a NaN would train on NaN."""
     stats = mapping(stats, where, "stats")
     unknown = sorted(k for k in stats if k not in features)
     if unknown:
@@ -501,7 +578,13 @@ def check_stats(stats: Any, features: Mapping[str, Mapping], where: str) -> dict
         k for k, f in features.items() if f.get("dtype") not in STATS_EXEMPT and k not in stats
     ]
     if missing:
-        raise FormatError(f"{where}: no stats of the features {missing}")
+        warnings.warn(
+            f"{where}: no statistics of the features {missing} (LeRobot's add_features and "
+            "image-to-video conversion write none): LeRobot normalizes none of them, so a "
+            "policy that takes one in or out trains on its raw values",
+            MissingStatsWarning,
+            stacklevel=2,
+        )
     out: dict[str, Any] = {}
     names: dict[bool, tuple[str, list[str]]] = {}  # by whether the feature is a camera
     for key, feature_stats in stats.items():
@@ -527,7 +610,9 @@ def check_stats(stats: Any, features: Mapping[str, Mapping], where: str) -> dict
                     f"{where}: stat {name!r} of {key!r} is not an array of numbers: {exc}"
                 ) from exc
             want = (1,) if name == "count" else shape
-            if array.shape != want:
+            # LeRobot's recorder computes a feature's stats along its last axis (its
+            # RunningQuantileStats): a (2, 3) feature's are of shape (3,), and broadcast
+            if array.shape != want and (camera or name == "count" or array.shape != want[-1:]):
                 raise FormatError(
                     f"{where}: stat {name!r} of {key!r} has shape {array.shape}, the feature {want}"
                 )

@@ -18,6 +18,7 @@ from torch.utils.data import Dataset
 from lerobot_shards.items import EpisodeColumns, ItemSpec, delta_indices
 from lerobot_shards.source.layout import EpisodeInfo, Source, SourceError, open_source
 from lerobot_shards.source.video import DecoderCache
+from lerobot_shards.validate import canonical_rows
 
 
 class LeRobotSource(Dataset):
@@ -143,6 +144,8 @@ class LeRobotSource(Dataset):
         columns = self._columns.get(ep.episode_index)
         if columns is None:
             table = self.source.read_rows(ep.episode_index)
+            where = f"{self.source.path(ep.data_path)} (episode {ep.episode_index})"
+            table = canonical_rows(table, self.features, where)  # as LeRobot casts them
             columns = EpisodeColumns.from_table(table, self.spec.image_keys)
             self._columns[ep.episode_index] = columns
             while len(self._columns) > self._episode_cache_size:
