@@ -34,6 +34,7 @@ from fsspec.implementations.local import LocalFileSystem
 from tqdm.auto import tqdm
 
 from lerobot_shards import __version__
+from lerobot_shards.converter.check import read_dataset
 from lerobot_shards.converter.cut import DEFAULT_TOLERANCE_S
 from lerobot_shards.converter.forkserver import worker_context
 from lerobot_shards.converter.job import (
@@ -59,6 +60,7 @@ from lerobot_shards.format import (
     STATS_FILE,
     TASKS_FILE,
     DatasetIndex,
+    FormatError,
     ManifestRow,
     checksum,
     join,
@@ -453,6 +455,10 @@ def _write_dataset_files(
         video_keys=list(src.video_keys),
         manifest_checksum=checksum(manifest),
     )
+    try:  # the reader's checks of what it will read, before index.json says it may
+        read_dataset(fs, root, root, index.to_json())
+    except FormatError as exc:
+        raise ConvertError(str(exc)) from exc
     _put(fs, join(root, INDEX_FILE), index.to_json())
 
 
