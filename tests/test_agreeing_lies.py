@@ -21,10 +21,9 @@ import pyarrow.parquet as pq
 import pytest
 from support.mutate import Parts, black_mp4, put_together, take_apart
 
-from lerobot_shards import ShardedLeRobotDataset
+from lerobot_shards import MissingStatsWarning, ShardedLeRobotDataset
 from lerobot_shards.converter.check import verify_dataset
 from lerobot_shards.format import STATS_FILE, TASKS_FILE, FormatError, shard_path, video_member
-from lerobot_shards.validate import MissingStatsWarning
 
 CAM = "observation.images.cam_high"
 ANY = "any episode"

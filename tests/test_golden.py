@@ -12,11 +12,16 @@ import json
 import random
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pytest
 import torch
+from support.mutate import put_together, take_apart
 from support.required import importorskip
 
 from lerobot_shards import ShardedLeRobotDataset
+from lerobot_shards.converter.check import verify_dataset
 from lerobot_shards.source import LeRobotSource
 
 FRAMES = {
@@ -75,6 +80,31 @@ def test_shards_equal_lerobot(golden_path, shards, golden_delta_timestamps, name
         assert_item_is_golden(item, index, keys, tasks, recorded)
         order.append(index)
     assert sorted(order) == list(range(FRAMES[name])) and order != sorted(order)
+
+
+def test_merged_rows_are_written_fixed_and_read_as_converted_before(
+    golden_path, shards, golden_delta_timestamps, tmp_path
+):
+    """LeRobot's merge writes the vectors as list<float>: the shards hold them as a recording
+    does (fixed_size_list), and shards converted before, which hold the rows exactly as the
+    source does, read the same (LeRobot's items), and pass verify --deep."""
+    converted = take_apart(shards("aggregated"))
+    data = pq.read_table(golden_path("aggregated") / "data/chunk-000/file-000.parquet")
+    assert pa.types.is_list(data.schema.field("observation.state").type)  # LeRobot's own merge
+    for row, entry in enumerate(converted.rows):
+        rows = converted.table(row)
+        assert rows.schema.field("observation.state").type == pa.list_(pa.float32(), 4)
+        episode = data.filter(pc.equal(data["episode_index"], entry["episode_index"]))
+        converted.set_table(row, episode.select(rows.column_names))  # as written before
+    put_together(converted, tmp_path / "before")
+    assert verify_dataset(str(tmp_path / "before"), deep=True) == []
+    keys, tasks, recorded = expected_items(golden_path("aggregated"), True)
+    ds = ShardedLeRobotDataset(str(tmp_path / "before"), delta_timestamps=golden_delta_timestamps)
+    order = []
+    for item in ds:
+        order.append(int(item["index"]))
+        assert_item_is_golden(item, order[-1], keys, tasks, recorded)
+    assert sorted(order) == list(range(FRAMES["aggregated"]))
 
 
 @pytest.mark.parametrize("name", DATASETS)
