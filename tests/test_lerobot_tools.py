@@ -116,6 +116,8 @@ def aggregated(bases: Bases) -> list[Path]:
         ["local/factory", "local/small"], "local/aggregated", roots=[bases.factory, bases.small],
         aggr_root=dest, **LIMITS_MB,
     )  # fmt: skip
+    for pattern in ("data/*/*.parquet", *(f"videos/{c}/*/*.mp4" for c in CAMERAS)):
+        assert len(list(dest.glob(pattern))) > 1, pattern
     return [dest]
 
 
@@ -123,9 +125,9 @@ def split(bases: Bases) -> list[Path]:
     dest = out(bases, "split")
     operation = edit.SplitConfig(splits={"train": [0, 2, 4], "val": [1, 3, 5]})
     source = bases.copy("av1_multifile")
-    config = edit.EditDatasetConfig(operation, repo_id="local/av1", root=str(source))
-    config.new_root = str(dest)
-    edit.handle_split(config)
+    edit.handle_split(
+        edit.EditDatasetConfig(operation, repo_id="local/av1", root=str(source), new_root=str(dest))
+    )
     return [dest / "train", dest / "val"]
 
 

@@ -150,7 +150,7 @@ def check_rows(
     extra = [name for name in table.column_names if name not in wanted]
     if extra:
         raise FormatError(f"{where}: the rows have columns {extra} that are not features")
-    columns: dict[str, pa.ChunkedArray] = {}  # the numeric features', in row_type
+    columns: dict[str, pa.ChunkedArray] = {}  # numeric features in another type than the shards'
     for key in wanted:
         feature = features[key]
         if key not in table.column_names:
@@ -164,15 +164,17 @@ def check_rows(
                 raise FormatError(f"{where}: the rows' {key!r} is {typ}, the features say string")
             continue
         if value_kind(feature, False)[0] in NUMERIC:
-            columns[key] = canonical_column(table.column(key), feature, key, where)
+            column = table.column(key)
+            canonical = canonical_column(column, feature, key, where)
+            if canonical is not column:  # in another Arrow type: replaced below
+                columns[key] = canonical
     if table.column_names != wanted:
         raise FormatError(
             f"{where}: the rows' columns are in the order {table.column_names}, the features' "
             f"is {wanted}"
         )
     for key, column in columns.items():
-        if column is not table.column(key):
-            table = table.set_column(table.column_names.index(key), key, column)
+        table = table.set_column(table.column_names.index(key), key, column)
     positions = np.arange(table.num_rows)
     expected = {
         "episode_index": np.full(table.num_rows, header.episode_index),
@@ -212,32 +214,36 @@ def check_rows(
 _is_fixed = pa.types.is_fixed_size_list
 
 
-def row_type(feature: Mapping[str, Any]) -> pa.DataType:
-    """The Arrow type the shards store a numeric feature's rows in: its dtype, as a scalar for
-    shape ``(1,)``, else nested ``fixed_size_list`` of its shape (what LeRobot's recorder
-    writes, and what LeRobot casts every data file to when it loads one)."""
-    typ = pa.type_for_alias(str(feature["dtype"]))
-    for size in reversed(value_kind(feature, False)[1]):
-        typ = pa.list_(pa.field("element", typ), size)
-    return typ
+def _nested(element: pa.DataType, shape: tuple[int, ...]) -> pa.DataType:
+    """The Arrow type the shards store a numeric feature's rows in: its element type as a
+    scalar for shape ``()``, else nested ``fixed_size_list`` of its shape (what LeRobot's
+    recorder writes, and what LeRobot casts every data file to when it loads one)."""
+    for size in reversed(shape):
+        element = pa.list_(pa.field("element", element), size)
+    return element
 
 
 def canonical_rows(table: pa.Table, features: Mapping[str, Mapping], where: str) -> pa.Table:
-    """``table`` with each numeric feature's column in :func:`row_type`
+    """``table`` with each numeric feature's column in the shards' Arrow type
     (:func:`canonical_column`); every other column as it is."""
-    for key, feature in features.items():
-        camera = feature.get("dtype") in ("video", "image")
-        if key in table.column_names and not camera and value_kind(feature, False)[0] in NUMERIC:
-            column = canonical_column(table.column(key), feature, key, where)
-            if column is not table.column(key):
-                table = table.set_column(table.column_names.index(key), key, column)
+    for position, key in enumerate(table.column_names):
+        feature = features.get(key)
+        if feature is None or feature.get("dtype") in ("video", "image"):
+            continue
+        if value_kind(feature, False)[0] in NUMERIC:
+            column = table.column(position)
+            canonical = canonical_column(column, feature, key, where)
+            if canonical is not column:
+                table = table.set_column(position, key, canonical)
     return table
 
 
 def canonical_column(
     column: pa.ChunkedArray, feature: Mapping[str, Any], key: str, where: str
 ) -> pa.ChunkedArray:
-    """A numeric feature's rows in :func:`row_type`, the same values.
+    """A numeric feature's rows in the shards' Arrow type, the same values (``column`` itself
+    where it is in that type): nested ``fixed_size_list`` of the feature's dtype as deep as its
+    shape (a scalar for shape ``(1,)``), what LeRobot's recorder writes.
 
     LeRobot's own tools write vectors as ``list`` where a recording writes ``fixed_size_list``
     (``aggregate_datasets``, ``modify_tasks`` and the v2.1 to v3.0 script go through pandas),
@@ -276,8 +282,9 @@ def canonical_column(
         level, outer = pc.list_flatten(level), outer * size
     if level.null_count:
         raise FormatError(f"{where}: the rows' {key!r} have empty values inside a row")
-    want = row_type(feature)
-    return column if values.type == want and values is column else values.cast(want)
+    if values is column and all(_is_fixed(t) for t in levels):
+        return column
+    return values.cast(_nested(element, shape))
 
 
 def _check_image_column(column: pa.ChunkedArray, key: str, where: str) -> None:
