@@ -143,38 +143,38 @@ def check_rows(
     ``tolerance_s`` (items must agree with what LeRobot serves, which finds video frames by
     timestamp); every ``task_index`` names one of the dataset's ``tasks`` (by task_index), and
     one its header names. Columnar: per episode, not per row."""
-    nulls = [name for name in table.column_names if table.column(name).null_count]
+    names = table.column_names  # a new list at each call: taken once
+    nulls = [name for i, name in enumerate(names) if table.column(i).null_count]
     if nulls:
         raise FormatError(f"{where}: the rows' {nulls} have empty values")
     wanted = [k for k, f in features.items() if f.get("dtype") != "video"]
-    extra = [name for name in table.column_names if name not in wanted]
+    present, allowed = set(names), set(wanted)
+    extra = [name for name in names if name not in allowed]
     if extra:
         raise FormatError(f"{where}: the rows have columns {extra} that are not features")
+    missing = [key for key in wanted if key not in present]
+    if missing:
+        raise FormatError(f"{where}: the rows lack the feature {missing[0]!r}")
+    if names != wanted:  # a column twice, too
+        raise FormatError(
+            f"{where}: the rows' columns are in the order {names}, the features' is {wanted}"
+        )
     columns: dict[str, pa.ChunkedArray] = {}  # numeric features in another type than the shards'
-    for key in wanted:
-        feature = features[key]
-        if key not in table.column_names:
-            raise FormatError(f"{where}: the rows lack the feature {key!r}")
-        typ = table.schema.field(key).type
+    for position, key in enumerate(wanted):
+        feature, column = features[key], table.column(position)
         if feature.get("dtype") == "image":
-            _check_image_column(table.column(key), key, where)
-            continue
-        if feature.get("dtype") == "string":
-            if not (pa.types.is_string(typ) or pa.types.is_large_string(typ)):
-                raise FormatError(f"{where}: the rows' {key!r} is {typ}, the features say string")
-            continue
-        if value_kind(feature, False)[0] in NUMERIC:
-            column = table.column(key)
+            _check_image_column(column, key, where)
+        elif feature.get("dtype") == "string":
+            if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+                raise FormatError(
+                    f"{where}: the rows' {key!r} is {column.type}, the features say string"
+                )
+        elif value_kind(feature, False)[0] in NUMERIC:
             canonical = canonical_column(column, feature, key, where)
             if canonical is not column:  # in another Arrow type: replaced below
                 columns[key] = canonical
-    if table.column_names != wanted:
-        raise FormatError(
-            f"{where}: the rows' columns are in the order {table.column_names}, the features' "
-            f"is {wanted}"
-        )
     for key, column in columns.items():
-        table = table.set_column(table.column_names.index(key), key, column)
+        table = table.set_column(names.index(key), key, column)
     positions = np.arange(table.num_rows)
     expected = {
         "episode_index": np.full(table.num_rows, header.episode_index),
@@ -182,10 +182,10 @@ def check_rows(
         "frame_index": positions,
     }
     for key, want in expected.items():
-        got = table.column(key).to_numpy() if key in table.column_names else None
+        got = table.column(key).to_numpy() if key in present else None
         if got is None or got.shape != want.shape or not np.array_equal(got, want):
             raise FormatError(f"{where}: the rows' {key!r} is not the header's")
-    got = table.column("timestamp").to_numpy() if "timestamp" in table.column_names else None
+    got = table.column("timestamp").to_numpy() if "timestamp" in present else None
     want = positions / fps
     if got is None or got.shape != want.shape or not np.issubdtype(got.dtype, np.floating):
         raise FormatError(f"{where}: the rows' 'timestamp' is not one number per row")
@@ -197,8 +197,7 @@ def check_rows(
             f"{where}: row {row}'s timestamp is {float(got[row])!r}, not frame_index / fps = "
             f"{want[row]!r} (within tolerance_s={tolerance_s})"
         )
-    column = table.column("task_index") if "task_index" in table.column_names else None
-    indices = column.to_numpy() if column is not None else None
+    indices = table.column("task_index").to_numpy() if "task_index" in present else None
     if indices is None or indices.ndim != 1 or indices.min() < 0 or indices.max() >= len(tasks):
         raise FormatError(f"{where}: a task_index is not one of the {len(tasks)} tasks")
     for i in np.unique(indices).tolist():
