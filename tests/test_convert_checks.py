@@ -65,15 +65,23 @@ def codec_lie(info: dict) -> None:
     info["features"][CAM]["info"]["video.codec"] = "h264"
 
 
+def tasks_miscounted(info: dict) -> None:
+    info["total_tasks"] += 1
+
+
 FLAWS: dict[str, tuple[str, Callable, str]] = {
     "a ragged vector": ("image", ragged, "holds 3 values on axis 0"),
     "a timestamp off": ("image", late, f"row {ROW}'s timestamp is"),
     "a task not the episode's": ("image", other_task, "not one of its header's tasks"),
     "stats that are not finite": ("image", nan_stat, "is not finite"),
     "info.json's codec": ("av1_multifile", codec_lie, "the header says codec 'av1'"),
+    "info.json's total_tasks": ("image", tasks_miscounted, "info.json says total_tasks=5"),
 }
 """What the flaw is told in (a golden dataset), how, and a part of the message it is refused
 with."""
+BEFORE_ANY_EPISODE = {"stats that are not finite"}
+"""Flaws refused before any episode is converted, naming the source's file (the reader names
+the same file of the converted dataset); the others name the destination's shard."""
 
 
 def flaw_source(root: Path, flaw: Callable) -> None:
@@ -82,7 +90,7 @@ def flaw_source(root: Path, flaw: Callable) -> None:
         stats = json.loads((root / STATS_FILE).read_text())
         flaw(stats)
         (root / STATS_FILE).write_text(json.dumps(stats))
-    elif flaw is codec_lie:
+    elif flaw in (codec_lie, tasks_miscounted):
         info = json.loads((root / INFO_FILE).read_text())
         flaw(info)
         (root / INFO_FILE).write_text(json.dumps(info))
@@ -106,6 +114,8 @@ def flaw_shards(parts: Parts, flaw: Callable) -> None:
     elif flaw is codec_lie:
         flaw(parts.info)
         flaw(parts.index)
+    elif flaw is tasks_miscounted:
+        flaw(parts.info)
     else:
         row = [r["episode_index"] for r in parts.rows].index(EPISODE)
         parts.set_table(row, flaw(parts.table(row)))
@@ -125,8 +135,11 @@ def test_convert_refuses_what_the_reader_would_with_its_message(
     flaw_source(source, flaw)
     with pytest.raises(ConvertError) as converted:
         convert(str(source), str(dest), workers=0, progress=False)
-    said = str(read.value).replace(str(tmp_path / "lie"), str(dest))
+    named = source if name in BEFORE_ANY_EPISODE else dest
+    said = str(read.value).replace(str(tmp_path / "lie"), str(named))
     assert text in said, said
     episode = said.split("(episode ", 1)[1].split(")")[0] if "(episode " in said else None
     assert str(converted.value) == (f"episode {episode}: {said}" if episode else said)
     assert not (dest / INDEX_FILE).exists()  # never a finished dataset
+    if name in BEFORE_ANY_EPISODE:
+        assert not (dest / "shards").exists()

@@ -251,16 +251,20 @@ def canonical_column(
     nested as deep as the shape, of the features' exact element type, are one feature when
     every row has the features' shape. A row of another shape, an empty value at any depth or
     another element type is refused (LeRobot's cast fails, or changes the values)."""
+    shape = value_kind(feature, False)[1]
+    element = pa.type_for_alias(str(feature["dtype"]))
+    if not shape and column.type == element:  # a scalar, as every writer stores one
+        if column.null_count:
+            raise FormatError(f"{where}: the rows' {key!r} have empty values")
+        return column
     values = column
     if isinstance(values.type, pa.ExtensionType):  # Hugging Face's ArrayND: nested lists
         values = pa.chunked_array([c.storage for c in values.chunks], values.type.storage_type)
-    shape = value_kind(feature, False)[1]
     levels, leaf = [], values.type
     while pa.types.is_list(leaf) or pa.types.is_large_list(leaf) or _is_fixed(leaf):
         levels.append(leaf)
         leaf = leaf.value_type
     sizes = tuple((t.list_size if _is_fixed(t) else n) for t, n in zip(levels, shape, strict=False))
-    element = pa.type_for_alias(str(feature["dtype"]))
     if leaf != element or len(levels) != len(shape) or sizes != shape:
         raise FormatError(
             f"{where}: the rows' {key!r} is {column.type} per row, the features say "

@@ -23,6 +23,7 @@ import os
 import posixpath
 import time
 import uuid
+import warnings
 from collections.abc import Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
@@ -68,6 +69,7 @@ from lerobot_shards.format import (
 )
 from lerobot_shards.source import Source, open_source
 from lerobot_shards.source.location import resolve_source
+from lerobot_shards.validate import MissingStatsWarning, check_features, check_stats
 
 # ConvertError, JobArgs, convert_episode and STATE_DIR live in ``job`` (``ray_executor`` needs
 # them too) and are importable from here as well.
@@ -159,6 +161,7 @@ def convert(
         import_ray()  # before touching DEST: says how to install Ray if it is missing
     source = resolve_source(str(source))
     src = open_source(source, storage_options)
+    _check_meta(src)
     fs, root = fsspec.core.url_to_fs(str(dest), **(dest_storage_options or {}))
     root = root.rstrip("/") or "/"
     in_memory = "memory" in _protocols(fs) or "memory" in _protocols(src.fs)
@@ -243,6 +246,18 @@ def _collect(
 # --------------------------------------------------------------------------------------------
 # options and the destination's state
 # --------------------------------------------------------------------------------------------
+
+
+def _check_meta(src: Source) -> None:
+    """The reader's checks of the features and the statistics, on the source's, before any
+    episode is converted: a problem there shows now, naming the source's file, not after the
+    last episode (what is written is checked again before index.json)."""
+    try:
+        check_features(src.features, src.path(INFO_FILE))
+        if src.stats is not None:
+            check_stats(src.stats, src.features, src.path(STATS_FILE))
+    except FormatError as exc:
+        raise ConvertError(str(exc)) from exc
 
 
 def _select(src: Source, episodes: Iterable[int] | None) -> list[int]:
@@ -456,7 +471,9 @@ def _write_dataset_files(
         manifest_checksum=checksum(manifest),
     )
     try:  # the reader's checks of what it will read, before index.json says it may
-        read_dataset(fs, root, root, index.to_json())
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", MissingStatsWarning)  # _check_meta said it
+            read_dataset(fs, root, root, index.to_json())
     except FormatError as exc:
         raise ConvertError(str(exc)) from exc
     _put(fs, join(root, INDEX_FILE), index.to_json())
