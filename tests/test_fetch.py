@@ -276,7 +276,7 @@ def test_prefetch_closed_on_one_of_its_own_fetch_threads():
         if key == 3:
             try:
                 gen.close()
-            except BaseException as error:  # noqa: BLE001 - what closing raised is the finding
+            except BaseException as error:  # what closing raised is the finding
                 errors.append(error)
         return key
 
