@@ -265,7 +265,6 @@ def test_prefetch_closed_early_leaves_no_thread():
     assert not [t for t in threading.enumerate() if t.name.startswith("lerobot-shards-fetch")]
 
 
-
 def test_prefetch_closed_on_one_of_its_own_fetch_threads():
     """A generator the garbage collector finalizes may be closed on a fetch thread: closing
     must not try to join that thread (``RuntimeError: cannot join current thread``)."""
@@ -292,6 +291,7 @@ def test_prefetch_closed_on_one_of_its_own_fetch_threads():
         time.sleep(0.05)
     assert errors == []
     assert not [t for t in threading.enumerate() if t.name.startswith("lerobot-shards-fetch")]
+
 
 # ------------------------------------------------------------------------------ object store
 
