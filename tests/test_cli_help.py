@@ -9,7 +9,7 @@ import inspect
 import click
 import pytest
 
-from lerobot_shards import ShardedLeRobotDataset, convert
+from lerobot_shards import ShardedDataLoader, ShardedLeRobotDataset, convert
 from lerobot_shards.cli import main
 
 
@@ -103,9 +103,18 @@ def test_the_command_line_defaults_are_the_python_ones(command, option, paramete
     assert cli == python or (cli is click.core.UNSET and python is None), (cli, python)
 
 
+def test_the_loaders_default_is_the_python_one():
+    """``stream --mixed-batches`` (the default) sets ``ShardedDataLoader``'s ``mixed_batches``."""
+    python = inspect.signature(ShardedDataLoader).parameters["mixed_batches"].default
+    assert default_of("stream", "--mixed-batches") is python
+
+
 def test_convert_defaults_are_the_python_ones():
     python = inspect.signature(convert).parameters
     assert default_of("convert", "--executor") == python["executor"].default
+    given = commands()["convert"].make_context("convert", ["source", "dest"]).params
+    for flag in ("strict", "decode_check", "trust_finished", "overwrite"):
+        assert given[flag] is python[flag].default, flag  # off unless given, as in Python
     for option in ("--workers", "--ray-address", "--max-in-flight", "--episodes"):
         assert default_of("convert", option) in (None, click.core.UNSET)
         assert python[option.lstrip("-").replace("-", "_")].default is None
