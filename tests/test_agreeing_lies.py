@@ -458,7 +458,7 @@ def test_a_header_codec_that_contradicts_info_json(parts, tmp_path):
 # ---------------------------------------------------------------- image datasets
 
 
-def set_image(parts: Parts, row: int, position: int, cell: dict) -> None:
+def set_image(parts: Parts, row: int, position: int, cell: dict | None) -> None:
     table = parts.table(row)
     cells = table[CAM].to_pylist()
     cells[position] = cell
@@ -494,3 +494,12 @@ def test_a_lying_image(image_parts, tmp_path, cell, match):
     set_image(lie, 3, 2, cell)
     put_together(lie, tmp_path / "d")
     refused(tmp_path / "d", 3, match)
+
+
+def test_an_empty_image(image_parts, tmp_path):
+    """A row's image emptied (null: neither bytes nor a path) is an empty value of the rows'
+    column, as an emptied ``observation.state`` is (the rows' check of every column)."""
+    lie = image_parts.copy()
+    set_image(lie, 3, 2, None)
+    put_together(lie, tmp_path / "d")
+    refused(tmp_path / "d", 3, CAM, "empty values")
