@@ -42,6 +42,7 @@ from lerobot_shards.validate import (
     check_header_matches,
     check_rows,
     check_tar_member,
+    frame_channels,
     frame_size,
     parse_header,
     row_keys,
@@ -267,10 +268,13 @@ def load_episode(
         raise FormatError(f"{where}: rows parquet does not parse: {exc}") from exc
     if table.num_rows != length:
         raise FormatError(f"{where}: rows parquet has {table.num_rows} rows, expected {length}")
-    check_rows(table, features, header, tasks, where, fps, tolerance_s)
+    table = check_rows(table, features, header, tasks, where, fps, tolerance_s)
     check_header_cameras(header, features, where)
     sizes = {key: frame_size(features[key]) for key in spec.image_keys}
-    columns = EpisodeColumns.from_table(table.select(row_keys(features)), spec.image_keys, sizes)
+    channels = {key: frame_channels(features[key]) for key in spec.image_keys}
+    columns = EpisodeColumns.from_table(
+        table.select(row_keys(features)), spec.image_keys, sizes, image_channels=channels
+    )
 
     cameras: dict[str, CameraFrames] = {}
     for key in spec.video_keys:
