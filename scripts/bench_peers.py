@@ -225,8 +225,9 @@ def summary(record: dict, frames: int, batch_size: int) -> dict:
     }
 
 
-def convert_all(source: Path, args: argparse.Namespace) -> dict[str, dict]:
-    """Each converter once, timed, with its peak PSS: ``{kind: {"dest", "s", "pss"}}``."""
+def convert_all(source: Path, args: argparse.Namespace, formats: set[str]) -> dict[str, dict]:
+    """Each converter of ``formats`` once, timed, with its peak PSS:
+    ``{kind: {"dest", "s", "pss"}}``."""
     out = {}
     shards = args.cache / f"{source.name}-shards"
     lance = args.cache / f"{source.name}-lance"
@@ -235,6 +236,8 @@ def convert_all(source: Path, args: argparse.Namespace) -> dict[str, dict]:
         ("shards", shards, [str(ENVS["shards"] / "bin" / "lerobot-shards"), "convert"]),
         ("lance", lance, [str(ENVS["lance"] / "bin" / "lerobot-lance-convert")]),
     ):
+        if kind not in formats:
+            continue
         if dest.exists():
             subprocess.run(["rm", "-rf", str(dest)], check=True)
         if kind == "shards":
@@ -284,14 +287,13 @@ def main() -> None:
         flush=True,
     )
     kinds = args.loaders.split(",")
-    converted = convert_all(source, args)
+    formats = {"lance" if kind == "lance" else "shards" for kind in kinds if kind != "lerobot"}
+    converted = convert_all(source, args, formats)
     roots = {
-        "shards": converted["shards"]["dest"],
-        "shards-unmixed": converted["shards"]["dest"],
-        "lerobot": source,
-        "lance": converted["lance"]["dest"],
+        kind: source if kind == "lerobot" else converted[kind.split("-")[0]]["dest"]
+        for kind in kinds
     }
-    for path in [*source.rglob("*"), *roots["shards"].rglob("*"), *roots["lance"].rglob("*")]:
+    for path in [p for root in {source, *roots.values()} for p in root.rglob("*")]:
         if path.is_file():  # the page cache warm for everyone
             path.read_bytes()
     ideal = global_shuffle_ideal(lengths, args.batch_size)
