@@ -1,8 +1,10 @@
 """The items LeRobot itself returned, recorded: LeRobotSource and the converted shards read by
 ShardedLeRobotDataset both equal them, key for key, value for value (torch.equal), task for task.
 
-Golden data: v3.0 written and read by LeRobot 0.6.1 (tests/data/lerobot-0.6.1) and v2.1 written
-and read by LeRobot 0.3.3 (tests/data/lerobot-0.3.3-v2.1); each folder's README says how.
+Golden data: v3.0 written and read by LeRobot 0.6.1 (tests/data/lerobot-0.6.1: among them a
+depth camera as video, LeRobot's default 12-bit HEVC with open GOPs, and as 16-bit images) and
+v2.1 written and read by LeRobot 0.3.3 (tests/data/lerobot-0.3.3-v2.1); each folder's README
+says how.
 """
 
 from __future__ import annotations
@@ -18,14 +20,22 @@ from support.required import importorskip
 from lerobot_shards import ShardedLeRobotDataset
 from lerobot_shards.source import LeRobotSource
 
-DATASETS = ["av1_multifile", "image", "v21_video", "v21_image"]
-FRAMES = 74
+DATASETS = ["av1_multifile", "image", "depth_video", "depth_image", "v21_video", "v21_image"]
 
 
 def expected_items(path, delta: bool) -> tuple[list[str], list[str], np.lib.npyio.NpzFile]:
     """What LeRobot returned for the golden dataset at ``path``: keys, tasks, tensors."""
     recorded = np.load(path.parent / f"{path.name}{'.delta' if delta else ''}.items.npz")
     return json.loads(str(recorded["__keys__"])), list(recorded["__tasks__"]), recorded
+
+
+def recorded_delta(golden_path, golden_delta_timestamps, name: str) -> dict[str, list[float]]:
+    """The delta_timestamps of a golden dataset's ``.delta.items.npz``: its own ``__delta__``
+    where it records one, else those every other was recorded with."""
+    recorded = np.load(golden_path(name).parent / f"{name}.delta.items.npz")
+    if "__delta__" in recorded.files:
+        return json.loads(str(recorded["__delta__"]))
+    return golden_delta_timestamps
 
 
 def assert_item_is_golden(item: dict, index: int, keys, tasks, recorded) -> None:
@@ -44,10 +54,9 @@ def assert_item_is_golden(item: dict, index: int, keys, tasks, recorded) -> None
 @pytest.mark.parametrize("name", DATASETS)
 def test_every_index_equals_lerobot(golden_path, golden_delta_timestamps, name, delta):
     keys, tasks, recorded = expected_items(golden_path(name), delta)
-    source = LeRobotSource(
-        str(golden_path(name)), delta_timestamps=golden_delta_timestamps if delta else None
-    )
-    assert len(source) == len(tasks) == FRAMES
+    deltas = recorded_delta(golden_path, golden_delta_timestamps, name)
+    source = LeRobotSource(str(golden_path(name)), delta_timestamps=deltas if delta else None)
+    assert len(source) == len(tasks)
     for index in range(len(source)):
         assert_item_is_golden(source[index], index, keys, tasks, recorded)
 
@@ -57,22 +66,24 @@ def test_every_index_equals_lerobot(golden_path, golden_delta_timestamps, name, 
 def test_shards_equal_lerobot(golden_path, shards, golden_delta_timestamps, name, delta):
     """A whole shuffled epoch of the converted dataset: every index once, each LeRobot's item."""
     keys, tasks, recorded = expected_items(golden_path(name), delta)
+    deltas = recorded_delta(golden_path, golden_delta_timestamps, name)
     ds = ShardedLeRobotDataset(
-        shards(name), buffer_size=3, delta_timestamps=golden_delta_timestamps if delta else None
+        shards(name), buffer_size=3, delta_timestamps=deltas if delta else None
     )
     order = []
     for item in ds:
         index = int(item["index"])
         assert_item_is_golden(item, index, keys, tasks, recorded)
         order.append(index)
-    assert sorted(order) == list(range(FRAMES)) and order != sorted(order)
+    assert sorted(order) == list(range(len(tasks))) and order != sorted(order)
 
 
 @pytest.mark.parametrize("name", DATASETS)
 def test_random_access_order_equals_lerobot(golden_path, golden_delta_timestamps, name):
     """Open decoders seek back and jump across files and episodes without changing a frame."""
     keys, tasks, recorded = expected_items(golden_path(name), True)
-    source = LeRobotSource(str(golden_path(name)), delta_timestamps=golden_delta_timestamps)
+    deltas = recorded_delta(golden_path, golden_delta_timestamps, name)
+    source = LeRobotSource(str(golden_path(name)), delta_timestamps=deltas)
     order = list(range(len(source))) * 2
     random.Random(0).shuffle(order)
     for index in order:
@@ -94,11 +105,11 @@ def test_dataloader_workers_equal_lerobot(golden_dir, golden_delta_timestamps):
         assert_item_is_golden(item, index, keys, tasks, recorded)
 
 
-@pytest.mark.parametrize("name", ["av1_multifile", "image"])
+@pytest.mark.parametrize("name", ["av1_multifile", "image", "depth_video", "depth_image"])
 def test_return_uint8_equals_lerobots_own(golden_path, shards, name):
-    """lerobot-train's own setting, ``return_uint8=True``: video frames uint8 and image
-    features float32, every value as LeRobot's LeRobotDataset returns it, from the source and
-    from a whole epoch of the shards. LeRobot's environment runs this."""
+    """lerobot-train's own setting, ``return_uint8=True``: video frames uint8, image features
+    and depth maps float32, every value as LeRobot's LeRobotDataset returns it, from the source
+    and from a whole epoch of the shards. LeRobot's environment runs this."""
     lerobot_dataset = importorskip(
         "lerobot.datasets.lerobot_dataset", reason="LeRobot is optional; CI's LeRobot env runs this"
     )
@@ -106,9 +117,10 @@ def test_return_uint8_equals_lerobots_own(golden_path, shards, name):
         f"golden/{name}", root=golden_path(name), video_backend="pyav", return_uint8=True
     )
     source = LeRobotSource(str(golden_path(name)), return_uint8=True)
+    frames = len(source)
     items = list(ShardedLeRobotDataset(shards(name), buffer_size=3, return_uint8=True))
-    assert sorted(int(item["index"]) for item in items) == list(range(FRAMES))
-    for item in [*items, *(source[i] for i in range(FRAMES))]:
+    assert sorted(int(item["index"]) for item in items) == list(range(frames))
+    for item in [*items, *(source[i] for i in range(frames))]:
         index = int(item["index"])
         expected = theirs[index]
         assert list(item) == list(expected), index

@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from lerobot_shards.depth import DepthImage, Quantization, dequantization_table
 from lerobot_shards.format import (
     FormatError,
     header_member,
@@ -269,7 +270,11 @@ def load_episode(
     check_rows(table, features, header, tasks, where, fps, tolerance_s)
     check_header_cameras(header, features, where)
     sizes = {key: frame_size(features[key]) for key in spec.image_keys}
-    columns = EpisodeColumns.from_table(table, spec.image_keys, sizes)
+    unit = spec.depth_output_unit
+    depth_images = {
+        key: DepthImage.of(features[key], unit) for key in spec.image_keys if key in spec.depth_keys
+    }
+    columns = EpisodeColumns.from_table(table, spec.image_keys, sizes, depth_images)
 
     cameras: dict[str, CameraFrames] = {}
     for key in spec.video_keys:
@@ -283,6 +288,11 @@ def load_episode(
             camera=camera,
             backend=backend,
             where=f"{where} camera {key}",
+            depth=(
+                dequantization_table(Quantization.of(features[key]), unit)
+                if key in spec.depth_keys
+                else None
+            ),
         )
         cameras[key] = CameraFrames(video, key)
     release(data)  # verified, parsed and demuxed: a mapped shard's pages go back to the kernel

@@ -22,6 +22,7 @@ import pyarrow as pa
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from lerobot_shards.depth import DEFAULT_DEPTH_UNIT, check_unit
 from lerobot_shards.items import ItemSpec
 from lerobot_shards.reader.fetch.cache import default_cache_dir
 from lerobot_shards.reader.fetch.cached import CachedReads
@@ -101,8 +102,11 @@ class ShardedLeRobotDataset(IterableDataset):
     median-sized episodes is warned about (:class:`SmallPoolWarning`).
     Batches in flight in the DataLoader are outside the budget (the README says what else, and
     by how much). ``repeat=True`` streams epoch after epoch.
-    ``delta_timestamps``, ``tolerance_s``, ``image_transforms``, ``return_uint8`` and
-    ``video_backend`` shape items as in LeRobot. ``pad=False`` turns off the padding that gives
+    ``delta_timestamps``, ``tolerance_s``, ``image_transforms``, ``return_uint8``,
+    ``video_backend`` and ``depth_output_unit`` shape items as in LeRobot: depth cameras come
+    float32 ``(1, H, W)`` in ``"mm"`` (whole millimetres) or ``"m"``, whatever ``return_uint8``
+    says, untouched by ``image_transforms``, and ``ds.meta.stats`` gives their statistics in that
+    unit (``lerobot_shards.depth``). ``pad=False`` turns off the padding that gives
     every rank and worker the same number of samples (for evaluation).
 
     ``node_affinity``: with ranks on several nodes (torchrun's ``LOCAL_WORLD_SIZE``), each node
@@ -173,6 +177,7 @@ class ShardedLeRobotDataset(IterableDataset):
         image_transforms: Callable[[torch.Tensor], torch.Tensor] | None = None,
         return_uint8: bool = False,
         video_backend: str = "pyav",
+        depth_output_unit: str = DEFAULT_DEPTH_UNIT,
         storage_options: dict | None = None,
         pad: bool = True,
         decode_threads: int | None = None,
@@ -196,7 +201,13 @@ class ShardedLeRobotDataset(IterableDataset):
         self.root = [str(s.root) for s in sources] if self.is_mixture else str(sources[0].root)
         """The root as given; of a mixture, the list of roots."""
         self._storage_options = dict(storage_options or {})
-        options = ItemOptions(delta_timestamps, tolerance_s, return_uint8, image_transforms)
+        options = ItemOptions(
+            delta_timestamps,
+            tolerance_s,
+            return_uint8,
+            image_transforms,
+            check_unit(depth_output_unit),
+        )
         self.catalog = Catalog.open(sources, self._storage_options, options, self.is_mixture)
         members = self.catalog.members
         if self.is_mixture:
