@@ -282,6 +282,13 @@ def parse_weights(spec: str | None, count: int) -> list[float] | None:
     show_default=True,
     help="Camera frames as uint8, or float32 in [0, 1] as LeRobot returns them.",
 )
+@click.option(
+    "--depth-output-unit",
+    type=click.Choice(["mm", "m"]),
+    default="mm",
+    show_default=True,
+    help="Depth cameras' unit: millimetres or metres (LeRobot's depth_output_unit).",
+)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option(
     "--decode-threads",
@@ -307,8 +314,9 @@ def parse_weights(spec: str | None, count: int) -> list[float] | None:
 def stream(
     roots: tuple[str, ...], weights: str | None, workers: int, batch_size: int,
     seconds: float | None, epochs: int | None,
-    buffer_size: int, byte_budget_gb: float | None, uint8: bool, seed: int,
-    decode_threads: int | None, interval: float, cache: bool | None, cache_dir: str | None,
+    buffer_size: int, byte_budget_gb: float | None, uint8: bool, depth_output_unit: str,
+    seed: int, decode_threads: int | None, interval: float, cache: bool | None,
+    cache_dir: str | None,
     cache_limit_gb: float | None, node_affinity: bool | None, report_path: str | None,
 ) -> None:  # fmt: skip
     """Stream the converted dataset at ROOT (several ROOTS: their mixture) through a
@@ -332,6 +340,7 @@ def stream(
     with ExitStack() as running:
         options: dict = {
             "decode_threads": decode_threads,
+            "depth_output_unit": depth_output_unit,
             **cache_settings(cache, cache_dir, cache_limit_gb, node_affinity),
         }
         log = None

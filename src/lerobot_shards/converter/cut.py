@@ -12,7 +12,9 @@ in LeRobot's decoder. A cut starts at the earliest keyframe one of its frames de
 frames before the episode in it are dropped at read (``skip_frames``), so no frame of another
 episode is ever served, and the reader decodes each frame from the same keyframe
 (``reader/frames/decode.py``). LeRobot encodes each episode on its own, so its episodes start at
-a keyframe and their cuts hold no other frame, open GOPs or not.
+a keyframe and their cuts hold no other frame, open GOPs or not. The first keyframe's own leading
+frames (shown before it, decoded after it) are left out of the cut: they do not decode from it,
+and no frame after them references them, so every frame of a cut decodes.
 
 What a cut checks (``_check_cut``): the written mp4 holds exactly the episode's frames, its
 first packets parse (FFmpeg probes them when opening it), and, with ``decode_check``, its
@@ -158,7 +160,9 @@ class SourceVideo:
                 f"{where}: no keyframe before the episode start {first_s:.6f}s that its frames "
                 "decode from"
             )
-        span = pkts[start:end]
+        # the keyframe's own leading frames do not decode from it, and nothing after them
+        # references them: left out, so that every frame of the cut decodes
+        span = [pkts[i] for i in range(start, end) if _decodes_from(pkts, i, start)]
         first_pts = picked[0].pts
         last_pts = picked[-1].pts
         skip = sum(1 for p in span if p.pts < first_pts)
@@ -263,6 +267,13 @@ def _locate(
     starts = [_decode_start(pkts, i) for i in chosen]
     start = None if None in starts else min(starts)
     return [pkts[i] for i in chosen], start, max(chosen) + 1
+
+
+def _decodes_from(pkts: list[_Pkt], i: int, start: int) -> bool:
+    """Whether packet ``i`` decodes when decoding starts at keyframe ``start`` (``i >= start``):
+    all do but that keyframe's leading frames."""
+    k = _decode_start(pkts, i)
+    return k is not None and k >= start
 
 
 def _decode_start(pkts: list[_Pkt], i: int) -> int | None:

@@ -259,7 +259,12 @@ class Video:
         positions = sorted(self._gop_frames(first))
         if not positions:
             return {}
-        lo, hi = positions[0] + self.skip, positions[-1] + self.skip + 1
+        # frames by index in presentation order; from the GOP's earliest packet shown, its
+        # keyframe's leading frames included: torchcodec then seeks to a keyframe before them,
+        # and decodes the keyframe's leading frames, whose absence (a decoder starting at the
+        # keyframe drops them) it does not expect
+        lo = min(self._position[first : self._end[first] + 1]) + self.skip
+        hi = positions[-1] + self.skip + 1
         with self._torchcodec_lock:  # one decoder per video, used by one thread at a time
             if self._torchcodec is None:
                 try:

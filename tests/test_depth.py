@@ -1,0 +1,75 @@
+"""Depth cameras: what the reader refuses, and the rule of which keyframe a frame decodes from.
+
+That depth items equal LeRobot's is tested against items LeRobot itself returned
+(``test_golden.py``: a depth video with open GOPs and depth images, plain and with
+``delta_timestamps``) and against LeRobot in its environment (``test_lerobot_depth.py``: both
+output units, ``return_uint8``, transforms, statistics, recordings from metres, closed GOPs).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from support.mutate import put_together, take_apart
+
+from lerobot_shards import ShardedLeRobotDataset
+from lerobot_shards.format import FormatError
+from lerobot_shards.reader.frames.decode import _decode_starts
+
+DEPTH = "observation.images.depth"
+
+LIES = {
+    "three channels": ({"shape": [40, 56, 3]}, r"one channel, its shape \[40, 56, 3\] has 3"),
+    "a unit LeRobot does not convert": ({"info.depth_unit": "cm"}, r"depth_unit 'cm'"),
+    "a depth_min that is no number": ({"info.video.depth_min": "0.01"}, "must be a number"),
+    "use_log that is no boolean": ({"info.video.use_log": 1}, "must be true or false"),
+    "log codes without an inverse": (
+        {"info.video.depth_min": -4.0},
+        r"depth_min \+ video.shift = -0.5 is not positive",
+    ),
+    "a depth map that is no camera": (
+        {"dtype": "float32", "shape": [1], "names": None},
+        "is no camera",
+    ),
+}
+
+
+@pytest.mark.parametrize("lie", LIES.values(), ids=LIES.keys())
+def test_a_depth_feature_lerobot_cannot_read_as_it_says_is_refused(shards, tmp_path: Path, lie):
+    """A depth feature whose info the reader cannot honour as LeRobot does is refused when the
+    dataset is opened, naming the feature and what is wrong, never read into other values."""
+    changes, message = lie
+    parts = take_apart(shards("depth_video"))
+    for features in (parts.index["features"], parts.info["features"]):
+        feature = features[DEPTH]
+        for path, value in changes.items():
+            *outer, name = path.split(".", 1) if path.startswith("info.") else [path]
+            (feature["info"] if outer else feature)[name] = value
+    put_together(parts, tmp_path / "lie")
+    with pytest.raises(FormatError, match=rf"feature '{DEPTH}'.*{message}"):
+        ShardedLeRobotDataset(tmp_path / "lie")
+
+
+def starts_by_definition(pts: list[int], keys: list[bool]) -> list[int]:
+    """For each packet: the keyframe it decodes from, straight from the definition (the last
+    keyframe at or before it in decode order whose presentation time is not after its own)."""
+    return [
+        max((k for k in range(i + 1) if keys[k] and pts[k] <= pts[i]), default=-1)
+        for i in range(len(pts))
+    ]
+
+
+@given(st.permutations(range(12)), st.lists(st.booleans(), min_size=12, max_size=12))
+def test_each_frame_decodes_from_the_last_keyframe_shown_no_later(order, keys):
+    assert _decode_starts(list(order), keys) == starts_by_definition(list(order), keys)
+
+
+def test_leading_frames_decode_from_the_keyframe_before():
+    """x265's GOP 2 (the golden depth video): the B-frame decoded after keyframe 2 but shown
+    before it decodes from keyframe 0, and so does its own GOP's first frame."""
+    pts = [0, 2, 1, 4, 3, 5]
+    keys = [True, True, False, True, False, False]
+    assert _decode_starts(pts, keys) == [0, 1, 0, 3, 1, 3]
