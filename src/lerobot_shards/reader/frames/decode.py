@@ -30,10 +30,12 @@ GOPs (x265's default, LeRobot's depth encoding; x264's ``open-gop``), the frames
 keyframe but shown before it (its *leading* frames) may reference the GOP before, and decode
 from that GOP's keyframe, as they do in LeRobot's decoder, which seeks to a keyframe before the
 frame it wants; a decoder that starts at a keyframe never outputs that keyframe's leading
-frames. So here a *GOP* is the frames that decode from one keyframe: its own, less its leading
-frames, plus the next keyframe's leading frames. Decoding one runs from its keyframe to its last
-frame in decode order (into the next keyframe's packets, for open GOPs); every frame decoded on
-the way but the first keyframe's leading ones is right, and the caller may keep them.
+frames right (HEVC drops them, H.264 damages them), and no frame after them references them. So
+here a *GOP* is the frames that decode from one keyframe: its own, less its leading frames, plus
+the next keyframe's leading frames. Decoding frames of one feeds the decoder from its keyframe to
+the last of them in decode order (into the next keyframe's packets, for open GOPs), leaving out
+the keyframe's own leading frames, then drains it; every frame decoded on the way is right, and
+the caller may keep them.
 """
 
 from __future__ import annotations
@@ -149,7 +151,8 @@ class Video:
         keys[0] = True  # a cut starts at a keyframe
         self._start = _decode_starts(pts, keys)
         packet_of = np.argsort(position, kind="stable")[skip_frames : skip_frames + length]
-        self._gop_of = [self._start[i] for i in packet_of.tolist()]
+        self._packet_of = packet_of.tolist()
+        self._gop_of = [self._start[i] for i in self._packet_of]
         if -1 in self._gop_of:
             p = self._gop_of.index(-1)
             raise DecodeError(
@@ -157,7 +160,7 @@ class Video:
                 "before it: it does not decode from this cut"
             )
         self._end: dict[int, int] = {}
-        for g, i in zip(self._gop_of, packet_of.tolist(), strict=True):
+        for g, i in zip(self._gop_of, self._packet_of, strict=True):
             self._end[g] = max(self._end.get(g, g), i)
         self._torchcodec = None
         self._torchcodec_lock = threading.Lock()
@@ -215,9 +218,10 @@ class Video:
         import av
 
         context = _codec_context(self.codec, self.extradata)
-        stop = self._end[first] + 1  # the GOP's last packet: its wanted frames come by then
-        # a decoder that starts at a keyframe drops its leading frames (HEVC) or outputs them
-        # damaged (H.264): only frames of the GOP are wanted, so none of those is collected
+        # past the last wanted frame's packet, draining the decoder gives the rest
+        stop = max(self._packet_of[p] for p in wanted) + 1
+        # the keyframe's own leading frames are not fed: from it they decode damaged (H.264) or
+        # not at all (HEVC), and no frame after them references them
         position_of = {self._pts[i]: self._position[i] for i in range(first, stop)}
         frames: dict[int, Any] = {}
 
@@ -230,9 +234,12 @@ class Video:
                     else:
                         frames[p] = to_rgb24(frame) if rgb else frame
 
-        fed = first
+        fed, packets = first, 0
         try:
-            for fed in range(first, len(self._spans)):
+            for fed in range(first, stop):
+                if self._start[fed] < first:
+                    continue
+                packets += 1
                 offset, size = self._spans[fed]
                 packet = av.Packet(self.data[offset : offset + size])
                 packet.pts = packet.dts = self._pts[fed]
@@ -245,6 +252,7 @@ class Video:
             raise DecodeError(f"{self.where}: video does not decode: {exc}") from exc
         finally:
             context.flush_buffers()
+            COUNTERS.add("packets_decoded", packets)
             spans = self._spans[first : fed + 1]  # the packets were copied: give their pages back
             release(self.data, min(o for o, _ in spans), max(o + n for o, n in spans))
         if len(frames) != len(wanted):
@@ -273,6 +281,7 @@ class Video:
                     )
                 except (RuntimeError, ValueError) as exc:
                     raise DecodeError(f"{self.where}: video does not decode: {exc}") from exc
+            COUNTERS.add("packets_decoded", hi - lo)  # at least these
             try:
                 batch = self._torchcodec.get_frames_in_range(lo, hi).data
             except (RuntimeError, ValueError) as exc:
