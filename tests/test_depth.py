@@ -8,14 +8,20 @@ output units, ``return_uint8``, transforms, statistics, recordings from metres, 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from support.batches import assert_same_batch
 from support.mutate import put_together, take_apart
+from torch.utils.data import default_collate
 
-from lerobot_shards import ShardedLeRobotDataset
+from lerobot_shards import ShardedDataLoader, ShardedLeRobotDataset
+from lerobot_shards.converter.check import verify_dataset
 from lerobot_shards.format import FormatError
 from lerobot_shards.reader.frames.decode import _decode_starts
 
@@ -51,6 +57,34 @@ def test_a_depth_feature_lerobot_cannot_read_as_it_says_is_refused(shards, tmp_p
     put_together(parts, tmp_path / "lie")
     with pytest.raises(FormatError, match=rf"feature '{DEPTH}'.*{message}"):
         ShardedLeRobotDataset(tmp_path / "lie")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", ["depth_video", "depth_image"])
+def test_batches_from_workers_are_lerobots_items_batched(shards, golden_path, name: str):
+    """Two DataLoader workers (decode threads, shared batches) with delta_timestamps: every
+    batch is LeRobot's recorded items, ``default_collate``-d."""
+    recorded = np.load(golden_path(name).parent / f"{name}.delta.items.npz")
+    keys, tasks = json.loads(str(recorded["__keys__"])), list(recorded["__tasks__"])
+    ds = ShardedLeRobotDataset(
+        shards(name), buffer_size=2, delta_timestamps=json.loads(str(recorded["__delta__"]))
+    )
+    loader = ShardedDataLoader(ds, batch_size=4, num_workers=2)
+    seen = []
+    for batch in loader:
+        indices = batch["index"].tolist()
+        items = [
+            {k: tasks[i] if k == "task" else torch.from_numpy(recorded[f"{i}|{k}"]) for k in keys}
+            for i in indices
+        ]
+        assert_same_batch(batch, default_collate(items))
+        seen += indices
+    assert sorted(seen) == list(range(len(tasks)))
+
+
+@pytest.mark.parametrize("name", ["depth_video", "depth_image"])
+def test_deep_verify_decodes_every_depth_frame(shards, name: str):
+    assert verify_dataset(str(shards(name)), deep=True) == []
 
 
 def starts_by_definition(pts: list[int], keys: list[bool]) -> list[int]:

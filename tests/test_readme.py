@@ -4,7 +4,8 @@ after page in ``PAGES``' order, each page's snippets in its order.
 
 The folder holds what the snippets name: a LeRobot dataset at ``path/to/lerobot_dataset`` (the
 README's convert snippet makes ``shards/aloha`` of it), two more converted datasets for the
-mixture, and an S3 bucket ``my-bucket`` on the test's loopback server. The one edit is the S3
+mixture, the golden depth dataset converted at ``shards/depth``, and an S3 bucket ``my-bucket``
+on the test's loopback server. The one edit is the S3
 endpoint, the test server's in place of the guide's example host. A page with Python snippets
 that is not in ``PAGES`` fails the test, so a new guide's code cannot go untested.
 """
@@ -29,6 +30,7 @@ PAGES = [
     "README.md",
     "docs/converting.md",
     "docs/streaming.md",
+    "docs/depth.md",
     "docs/checkpoints.md",
     "docs/mixtures.md",
     "docs/storage.md",
@@ -60,7 +62,7 @@ def snippets_to_run() -> list[tuple[str, int, str]]:
 
 
 @pytest.fixture
-def users_folder(tmp_path, s3_server) -> Path:
+def users_folder(tmp_path, s3_server, golden_path) -> Path:
     """A folder holding what the README's snippets name."""
     make_dataset(tmp_path / "path/to/lerobot_dataset", episode_lengths=[20] * 12, cameras=CAM_HIGH)
     for name, lengths, cameras in [
@@ -69,6 +71,7 @@ def users_folder(tmp_path, s3_server) -> Path:
     ]:
         make_dataset(tmp_path / "sources" / name, episode_lengths=lengths, cameras=cameras)
         convert(str(tmp_path / "sources" / name), str(tmp_path / "shards" / name), progress=False)
+    convert(str(golden_path("depth_video")), str(tmp_path / "shards/depth"), progress=False)
     s3_server.direct_filesystem.call_s3("create_bucket", Bucket="my-bucket")
     return tmp_path
 
@@ -87,7 +90,7 @@ def test_every_page_with_python_snippets_is_run():
 
 def test_the_pages_have_the_snippets_this_test_prepares_for():
     codes = [code for _, _, code in snippets_to_run()]
-    assert len(codes) == 8
+    assert len(codes) == 9
     assert 'convert("path/to/lerobot_dataset", "shards/aloha", workers=2)' in codes[0]
     assert sum("https://s3.example.com" in code for code in codes) == 1
     assert sum('"ckpt.pt"' in code for code in codes) == 1
