@@ -17,6 +17,7 @@ lossless ``gray12le``, GOP 2, x265's open GOPs), and the same frames with closed
   keyframe (``decode_threads=0, frame_cache_gb=0``) and with its defaults, on the open- and the
   closed-GOP shards: packets decoded per frame (the decoders' work, which the machine's load
   does not change) and seconds per frame, open / closed;
+- dequantizing one frame: the reader's table lookup against LeRobot's ``dequantize_depth``;
 - bytes: each shard's frames that are not its episode's (``skip_frames``, ``tail_frames``), in
   bytes per shard, for LeRobot's depth and for a continuous H.264 recording (GOP 30, B-frames:
   users' own encodes, where episodes start mid-GOP) with closed and with open GOPs (the test
@@ -203,6 +204,38 @@ def per_frame(shards: Path, frames: int, **options) -> tuple[float, float]:
     return elapsed / count, (COUNTERS.snapshot()["packets_decoded"] - packets) / count
 
 
+def dequantize_ms(source: Path, repeats: int = 50) -> tuple[float, float]:
+    """Milliseconds to dequantize one 480x640 frame of codes on one thread: the reader's table
+    lookup (``reader/frames/depth.py``) and LeRobot's ``dequantize_depth``, median of
+    ``repeats``; their values must be equal."""
+    from lerobot.datasets.depth_utils import dequantize_depth
+
+    from lerobot_shards.depth import Quantization, dequantization_table
+
+    (path,) = (source / "videos" / DEPTH).rglob("*.mp4")
+    with av.open(str(path)) as container:
+        codes = next(container.decode(video=0)).to_ndarray(format="gray12le")
+    table = dequantization_table(Quantization(), "mm")
+    out = np.empty(codes.shape, dtype=np.float32)
+    torch.set_num_threads(1)
+
+    def timed(work) -> float:
+        times = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            work()
+            times.append(time.perf_counter() - started)
+        return float(np.median(times)) * 1e3
+
+    ours = timed(lambda: np.take(table, codes, out=out, mode="clip"))
+    theirs = timed(lambda: dequantize_depth(torch.from_numpy(codes)[None]))
+    if not torch.equal(
+        torch.from_numpy(out)[None], dequantize_depth(torch.from_numpy(codes)[None])
+    ):
+        raise SystemExit("the table's depth differs from LeRobot's dequantize_depth")
+    return ours, theirs
+
+
 def outside_bytes(shards: Path) -> tuple[float, float, int]:
     """(mean bytes per shard of the frames that are not its episode's, their share of the
     shards' video bytes, shards): the skipped and tail frames' packets."""
@@ -304,6 +337,11 @@ def main() -> None:
     print(
         f"reader / LeRobot (median of {args.rounds} rounds): {float(np.median(ratios)):.2f}x "
         f"[{min(ratios):.2f}-{max(ratios):.2f}]"
+    )
+    ours, theirs = dequantize_ms(source)
+    print(
+        f"dequantizing a 480x640 frame, one thread: table lookup {ours:.2f} ms, LeRobot's "
+        f"dequantize_depth {theirs:.2f} ms (equal values): {theirs / ours:.1f}x"
     )
     print("open GOPs' decode cost, depth (LeRobot's default against open-gop=0):")
     decode_costs(shards, closed_shards, frames, args.rounds)
