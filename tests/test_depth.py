@@ -22,8 +22,7 @@ from torch.utils.data import default_collate
 
 from lerobot_shards import ShardedDataLoader, ShardedLeRobotDataset
 from lerobot_shards.converter.check import verify_dataset
-from lerobot_shards.format import FormatError
-from lerobot_shards.reader.frames.decode import _decode_starts
+from lerobot_shards.format import FormatError, decode_starts
 
 DEPTH = "observation.images.depth"
 
@@ -98,7 +97,7 @@ def starts_by_definition(pts: list[int], keys: list[bool]) -> list[int]:
 
 @given(st.permutations(range(12)), st.lists(st.booleans(), min_size=12, max_size=12))
 def test_each_frame_decodes_from_the_last_keyframe_shown_no_later(order, keys):
-    assert _decode_starts(list(order), keys) == starts_by_definition(list(order), keys)
+    assert decode_starts(list(order), keys) == starts_by_definition(list(order), keys)
 
 
 def test_leading_frames_decode_from_the_keyframe_before():
@@ -106,4 +105,4 @@ def test_leading_frames_decode_from_the_keyframe_before():
     before it decodes from keyframe 0, and so does its own GOP's first frame."""
     pts = [0, 2, 1, 4, 3, 5]
     keys = [True, True, False, True, False, False]
-    assert _decode_starts(pts, keys) == [0, 1, 0, 3, 1, 3]
+    assert decode_starts(pts, keys) == [0, 1, 0, 3, 1, 3]

@@ -35,7 +35,7 @@ from typing import BinaryIO
 
 import av
 
-from lerobot_shards.format import CameraHeader
+from lerobot_shards.format import CameraHeader, decode_starts
 
 DEFAULT_TOLERANCE_S = 1e-4
 """LeRobot's own default tolerance between a query timestamp and a frame timestamp."""
@@ -141,13 +141,14 @@ class SourceVideo:
         try:
             for margin in _SEEK_MARGINS_S:
                 pkts = _demux_span(container, stream, first_s, last_s, margin, tolerance_s)
-                early = pkts and min(p.pts for p in pkts) * tb <= first_s + tolerance_s
+                early = bool(pkts) and min(p.pts for p in pkts) * tb <= first_s + tolerance_s
                 if not early and margin is not None:
                     continue  # the seek landed past the episode's start (open GOPs)
                 if not pkts:
                     break
+                starts = decode_starts([p.pts for p in pkts], [p.key for p in pkts])
                 picked, start, end = _locate(
-                    pkts, from_timestamp, timestamps, tb, tolerance_s, where
+                    pkts, starts, from_timestamp, timestamps, tb, tolerance_s, where
                 )
                 if start is not None or margin is None:
                     break
@@ -162,7 +163,7 @@ class SourceVideo:
             )
         # the keyframe's own leading frames do not decode from it, and nothing after them
         # references them: left out, so that every frame of the cut decodes
-        span = [pkts[i] for i in range(start, end) if _decodes_from(pkts, i, start)]
+        span = [pkts[i] for i in range(start, end) if starts[i] >= start]
         first_pts = picked[0].pts
         last_pts = picked[-1].pts
         skip = sum(1 for p in span if p.pts < first_pts)
@@ -232,15 +233,17 @@ def _demux_span(
 
 def _locate(
     pkts: list[_Pkt],
+    starts: list[int],
     from_timestamp: float,
     timestamps: list[float],
     tb: float,
     tolerance_s: float,
     where: str,
 ) -> tuple[list[_Pkt], int | None, int]:
-    """The episode's packets (in pts order) and the decode-order span [start, end) to copy;
-    ``start`` None: the demuxed packets begin too late to hold a keyframe every frame of the
-    episode decodes from (demux from further back)."""
+    """The episode's packets (in pts order) and the decode-order span [start, end) to copy
+    (``starts``: each packet's keyframe, ``format.decode_starts``); ``start`` None: the demuxed
+    packets begin too late to hold a keyframe every frame of the episode decodes from (demux
+    from further back)."""
     by_pts = sorted(range(len(pkts)), key=lambda i: pkts[i].pts)
     first_s = from_timestamp + timestamps[0]
     i0 = min(range(len(by_pts)), key=lambda k: abs(pkts[by_pts[k]].pts * tb - first_s))
@@ -264,25 +267,9 @@ def _locate(
                 f"{where}: frame {k} is at {got:.6f}s into the episode, its row's timestamp "
                 f"says {want:.6f}s (tolerance {tolerance_s}s)"
             )
-    starts = [_decode_start(pkts, i) for i in chosen]
-    start = None if None in starts else min(starts)
+    keyframes = [starts[i] for i in chosen]
+    start = None if -1 in keyframes else min(keyframes)
     return [pkts[i] for i in chosen], start, max(chosen) + 1
-
-
-def _decodes_from(pkts: list[_Pkt], i: int, start: int) -> bool:
-    """Whether packet ``i`` decodes when decoding starts at keyframe ``start`` (``i >= start``):
-    all do but that keyframe's leading frames."""
-    k = _decode_start(pkts, i)
-    return k is not None and k >= start
-
-
-def _decode_start(pkts: list[_Pkt], i: int) -> int | None:
-    """The keyframe packet ``i`` decodes from: the last at or before it (decode order) shown no
-    later than it; None if the demuxed packets hold none."""
-    for k in range(i, -1, -1):
-        if pkts[k].key and pkts[k].pts <= pkts[i].pts:
-            return k
-    return None
 
 
 def _remux(stream: av.video.stream.VideoStream, span: list[_Pkt]) -> bytes:

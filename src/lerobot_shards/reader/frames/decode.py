@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lerobot_shards.format import CameraHeader, FormatError
+from lerobot_shards.format import CameraHeader, FormatError, decode_starts
 from lerobot_shards.reader.fetch.mapped import release
 from lerobot_shards.reader.frames.depth import to_depth
 from lerobot_shards.reader.frames.rgb24 import to_rgb24
@@ -149,7 +149,7 @@ class Video:
         # Each packet's GOP (the keyframe it decodes from, as a packet index; the module says
         # why), each episode position's, and each GOP's last packet.
         keys[0] = True  # a cut starts at a keyframe
-        self._start = _decode_starts(pts, keys)
+        self._start = decode_starts(pts, keys)
         packet_of = np.argsort(position, kind="stable")[skip_frames : skip_frames + length]
         self._packet_of = packet_of.tolist()
         self._gop_of = [self._start[i] for i in self._packet_of]
@@ -323,21 +323,6 @@ def _torchcodec_decoder():
             f"(pip install 'lerobot-shards[torchcodec]'): {exc}"
         ) from exc
     return VideoDecoder
-
-
-def _decode_starts(pts: list[int], keys: list[bool]) -> list[int]:
-    """For each packet (in decode order), the packet index of the keyframe it decodes from: the
-    last keyframe at or before it that is shown no later than it (-1: none)."""
-    starts: list[int] = []
-    keyframes: list[int] = []
-    for i, (shown, key) in enumerate(zip(pts, keys, strict=True)):
-        if key:
-            keyframes.append(i)
-        k = len(keyframes) - 1
-        while k >= 0 and pts[keyframes[k]] > shown:  # i is a leading frame of that keyframe
-            k -= 1
-        starts.append(keyframes[k] if k >= 0 else -1)
-    return starts
 
 
 def _check_count(frames: int, length: int, where: str) -> None:
