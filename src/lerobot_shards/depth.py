@@ -56,7 +56,11 @@ __all__ = [
 
 
 def check_unit(unit: str) -> str:
-    """``unit`` if LeRobot returns depth in it (``"mm"`` or ``"m"``), else ValueError."""
+    """``unit`` if LeRobot returns depth in it, else ValueError.
+
+    Args:
+        unit: ``"mm"`` or ``"m"`` (a ``depth_output_unit``).
+    """
     if unit not in DEPTH_UNITS:
         raise ValueError(f"depth_output_unit must be one of {list(DEPTH_UNITS)}, not {unit!r}")
     return unit
@@ -75,7 +79,11 @@ class Quantization:
 
     @classmethod
     def of(cls, feature: Mapping[str, Any]) -> Quantization:
-        """The quantization a depth video's feature records (checked: ``validate``)."""
+        """The quantization a depth video's feature records (checked: ``validate``).
+
+        Args:
+            feature: the depth camera's entry of ``info.json``'s features.
+        """
         info = feature.get("info") or {}
         names = ("depth_min", "depth_max", "shift", "use_log")
         recorded = {name: info.get(f"video.{name}") for name in names}
@@ -84,9 +92,14 @@ class Quantization:
 
 @functools.lru_cache(maxsize=32)
 def dequantization_table(quantization: Quantization, unit: str) -> np.ndarray:
-    """The depth of every uint16 code in ``unit``, float32: ``table[code]`` is what LeRobot's
+    """The depth of every uint16 code, float32: ``table[code]`` is what LeRobot's
     ``dequantize_depth`` gives that code (its torch operations, in its order, on every code at
-    once; elementwise, so a code's value does not depend on the frame it is in). Read-only."""
+    once; elementwise, so a code's value does not depend on the frame it is in). Read-only.
+
+    Args:
+        quantization: the depth video's quantization (``Quantization.of``).
+        unit: the output unit, ``"mm"`` or ``"m"``.
+    """
     import torch
 
     check_unit(unit)
@@ -121,14 +134,25 @@ class DepthImage:
 
     @classmethod
     def of(cls, feature: Mapping[str, Any], output_unit: str) -> DepthImage:
+        """How the depth image feature ``feature`` is read in ``output_unit``.
+
+        Args:
+            feature: the depth camera's entry of ``info.json``'s features.
+            output_unit: ``"mm"`` or ``"m"``.
+        """
         return cls((feature.get("info") or {}).get("depth_unit"), check_unit(output_unit))
 
     def decode(
         self, value: object, size: tuple[int, int] | None = None, allow_path: bool = True
     ) -> np.ndarray:
-        """An image cell (``validate.decode_image`` says what ``size`` and ``allow_path``
-        check) as LeRobot's float32 ``(1, H, W)`` depth in the output unit; ValueError for
-        bytes that are no image or an image LeRobot does not read as depth."""
+        """An image cell as LeRobot's float32 ``(1, H, W)`` depth in the output unit;
+        ValueError for bytes that are no image or an image LeRobot does not read as depth.
+
+        Args:
+            value: the cell (LeRobot's struct of bytes and path, or the bytes).
+            size: the (height, width) the features declare, checked before decoding.
+            allow_path: whether a cell naming a file is read (``validate.decode_image``).
+        """
         values = decode_depth_image(value, size, allow_path)
         if self.stored_unit is None or self.stored_unit == self.output_unit:
             return values
@@ -144,7 +168,13 @@ def decode_depth_image(
     """A depth image's cell as float32 ``(1, H, W)``, as LeRobot's ``pil_to_chw_tensor`` gives
     it: 16-bit images as their values, float (``F``) images as stored, 8-bit grayscale (``L``)
     divided by 255 (torchvision's ``ToTensor``). Any other mode raises ValueError: LeRobot
-    records depth images as uint16 or float32."""
+    records depth images as uint16 or float32.
+
+    Args:
+        value: the cell (LeRobot's struct of bytes and path, or the bytes).
+        size: the (height, width) the features declare, checked before decoding.
+        allow_path: whether a cell naming a file is read (``validate.decode_image``).
+    """
     from PIL import Image  # here: a dataset without images never imports it
 
     data = image_bytes(value, allow_path)
@@ -175,7 +205,13 @@ def rescale_stats(
 ) -> dict[str, dict[str, np.ndarray]]:
     """``stats`` with each depth map's in ``output_unit``, as LeRobot's
     ``rescale_depth_stats`` leaves them: every statistic but ``count`` of a depth feature whose
-    ``depth_unit`` is recorded and differs multiplied by 1000 (m to mm) or 1/1000 (mm to m)."""
+    ``depth_unit`` is recorded and differs multiplied by 1000 (m to mm) or 1/1000 (mm to m).
+
+    Args:
+        stats: per feature, per statistic, numpy arrays (as ``meta.stats``); not changed.
+        features: ``info.json``'s features.
+        output_unit: ``"mm"`` or ``"m"``.
+    """
     check_unit(output_unit)
     out = {key: dict(feature_stats) for key, feature_stats in stats.items()}
     for key, feature in features.items():

@@ -112,7 +112,12 @@ def decode_starts(pts: Sequence[int], keys: Sequence[bool]) -> list[int]:
     keyframe; with open GOPs a keyframe's leading frames (decoded after it, shown before it)
     reference the GOP before and decode from its keyframe. An episode's cut holds, for each of
     its frames, the keyframe that frame decodes from, and none of its first keyframe's leading
-    frames (they decode from no keyframe of the cut)."""
+    frames (they decode from no keyframe of the cut).
+
+    Args:
+        pts: each packet's presentation timestamp, in decode order.
+        keys: whether each packet is a keyframe.
+    """
     starts: list[int] = []
     keyframes: list[int] = []
     for i, (shown, key) in enumerate(zip(pts, keys, strict=True)):

@@ -120,7 +120,11 @@ def value_kind(feature: Mapping[str, Any], return_uint8: bool) -> tuple[str, tup
 
 def is_depth_map(feature: Mapping[str, Any]) -> bool:
     """Whether a feature is a depth map, by LeRobot's rule (``meta.depth_keys``): its info says
-    ``is_depth_map`` (older datasets: ``video.is_depth_map``, in ``info`` or ``video_info``)."""
+    ``is_depth_map`` (older datasets: ``video.is_depth_map``, in ``info`` or ``video_info``).
+
+    Args:
+        feature: an entry of ``info.json``'s features.
+    """
     info = feature.get("info") if isinstance(feature.get("info"), Mapping) else {}
     video_info = feature.get("video_info") if isinstance(feature.get("video_info"), Mapping) else {}
     return bool(
@@ -139,7 +143,12 @@ DEPTH_QUANTIZATION = ("video.depth_min", "video.depth_max", "video.shift", "vide
 def check_depth_feature(feature: Mapping[str, Any], where: str) -> None:
     """A depth map's feature as LeRobot reads it: a camera of one channel, its ``depth_unit``
     one LeRobot converts (or none: returned as stored), its quantization numbers, and with a
-    logarithmic one, ``depth_min + shift > 0`` (LeRobot fails every read otherwise)."""
+    logarithmic one, ``depth_min + shift > 0`` (LeRobot fails every read otherwise).
+
+    Args:
+        feature: the depth map's entry of ``info.json``'s features.
+        where: the file and feature, for the error.
+    """
     if feature.get("dtype") not in ("video", "image"):
         raise FormatError(f"{where} is marked is_depth_map but is no camera ({feature['dtype']})")
     channels = value_kind(feature, False)[1][0]
@@ -308,7 +317,12 @@ def decode_image(
 
 
 def image_bytes(value: object, allow_path: bool = True) -> bytes:
-    """An image cell's encoded bytes (``decode_image`` says what ``allow_path`` allows)."""
+    """An image cell's encoded bytes.
+
+    Args:
+        value: the cell (LeRobot's struct of bytes and path, or the bytes).
+        allow_path: whether a cell naming a file is read (``decode_image`` says when).
+    """
     data = value["bytes"] if isinstance(value, Mapping) else value
     if data is None and isinstance(value, Mapping) and value.get("path"):
         if not allow_path:

@@ -21,7 +21,12 @@ DEPTH_PIX_FMT = "gray12le"
 
 def to_depth(frame: Any, table: np.ndarray) -> torch.Tensor:
     """A decoded PyAV frame's depth, a new float32 ``(H, W, 1)`` tensor: ``table[code]`` for
-    each of its 12-bit codes."""
+    each of its 12-bit codes.
+
+    Args:
+        frame: a decoded ``av.VideoFrame`` of a depth video.
+        table: the feature's ``lerobot_shards.depth.dequantization_table``.
+    """
     height, width = frame.height, frame.width
     if frame.format.name == DEPTH_PIX_FMT:
         plane = frame.planes[0]
