@@ -42,8 +42,12 @@ GOLDEN: dict[str, Path] = {
     "image": GOLDEN_DIR,
     "depth_video": GOLDEN_DIR,
     "depth_image": GOLDEN_DIR,
+    "language": GOLDEN_DIR,
+    "language_none": GOLDEN_DIR,
     "v21_video": GOLDEN_V21_DIR,
     "v21_image": GOLDEN_V21_DIR,
+    "aggregated": GOLDEN_DIR,
+    "aggregated_image": GOLDEN_DIR,
 }
 """Each golden dataset's folder, which holds it and the items LeRobot returned for it."""
 

@@ -20,9 +20,10 @@ from support.batches import assert_same_batch
 from support.mutate import put_together, take_apart
 from torch.utils.data import default_collate
 
-from lerobot_shards import ShardedDataLoader, ShardedLeRobotDataset
+from lerobot_shards import ShardedDataLoader, ShardedLeRobotDataset, convert
 from lerobot_shards.converter.check import verify_dataset
-from lerobot_shards.format import FormatError, decode_starts
+from lerobot_shards.format import INFO_FILE, FormatError, decode_starts
+from lerobot_shards.source import SourceError
 
 DEPTH = "observation.images.depth"
 
@@ -42,20 +43,35 @@ LIES = {
 }
 
 
+def tell(features: dict, changes: dict) -> None:
+    """Change the depth feature of ``features`` as ``changes`` says (``info.`` keys: its info)."""
+    feature = features[DEPTH]
+    for path, value in changes.items():
+        *outer, name = path.split(".", 1) if path.startswith("info.") else [path]
+        (feature["info"] if outer else feature)[name] = value
+
+
 @pytest.mark.parametrize("lie", LIES.values(), ids=LIES.keys())
-def test_a_depth_feature_lerobot_cannot_read_as_it_says_is_refused(shards, tmp_path: Path, lie):
-    """A depth feature whose info the reader cannot honour as LeRobot does is refused when the
-    dataset is opened, naming the feature and what is wrong, never read into other values."""
+def test_a_depth_feature_lerobot_cannot_read_as_it_says_is_refused(
+    shards, golden_copy, tmp_path: Path, lie
+):
+    """A depth feature whose info the reader cannot honour as LeRobot does is refused by
+    ``convert`` (before any episode) and when shards that say it are opened, naming the feature
+    and what is wrong, never read into other values."""
     changes, message = lie
     parts = take_apart(shards("depth_video"))
     for features in (parts.index["features"], parts.info["features"]):
-        feature = features[DEPTH]
-        for path, value in changes.items():
-            *outer, name = path.split(".", 1) if path.startswith("info.") else [path]
-            (feature["info"] if outer else feature)[name] = value
+        tell(features, changes)
     put_together(parts, tmp_path / "lie")
     with pytest.raises(FormatError, match=rf"feature '{DEPTH}'.*{message}"):
         ShardedLeRobotDataset(tmp_path / "lie")
+    source = golden_copy("depth_video")
+    info = json.loads((source / INFO_FILE).read_text())
+    tell(info["features"], changes)
+    (source / INFO_FILE).write_text(json.dumps(info))
+    with pytest.raises(SourceError, match=rf"meta/info.json: feature '{DEPTH}'.*{message}"):
+        convert(str(source), str(tmp_path / "converted"), workers=0, progress=False)
+    assert not (tmp_path / "converted" / "shards").exists()
 
 
 @pytest.mark.timeout(120)
