@@ -83,7 +83,9 @@ def test_seconds_stop_the_stream_early(converted: Path):
 
 
 @pytest.mark.parametrize(
-    "loader", [["--workers", "2"], ["--workers", "0", "--decode-threads", "1"]], ids=["2", "0"]
+    "loader",
+    [["--num-workers", "2"], ["--num-workers", "0", "--decode-threads", "1"]],
+    ids=["2", "0"],
 )
 def test_cli_streams_one_epoch_and_reports_full_coverage(converted: Path, loader: list[str]):
     result = subprocess.run(
@@ -112,7 +114,7 @@ def test_cli_streams_a_weighted_mixture_and_reports_each_datasets_coverage(conve
             *CLI,
             str(converted),
             str(converted),
-            *("--weights", "3,1", "--workers", "2", "--batch-size", "4", "--interval", "1000"),
+            *("--weights", "3,1", "--num-workers", "2", "--batch-size", "4", "--interval", "1000"),
         ],
         capture_output=True,
         text=True,
@@ -146,7 +148,7 @@ def test_cli_depth_output_unit_reaches_the_reader(shards, monkeypatch, unit: str
 
     monkeypatch.setattr(throughput, "ShardedLeRobotDataset", recording)
     root = str(shards("depth_image"))
-    args = ["stream", root, "--workers", "0", "--depth-output-unit", unit]
+    args = ["stream", root, "--num-workers", "0", "--depth-output-unit", unit]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     assert [ds.spec.depth_output_unit for ds in opened] == [unit]

@@ -78,6 +78,9 @@ class EpisodeColumns:
     image_sizes: dict[str, tuple[int, int]] = field(default_factory=dict)
     """Per image feature, its (height, width): a decoded image of another size is refused
     (shards; a LeRobot source leaves it empty)."""
+    image_channels: dict[str, int] = field(default_factory=dict)
+    """Per image feature, its channels: an image of other bands is refused (shards; a LeRobot
+    source leaves it empty)."""
     depth_images: dict[str, DepthImage] = field(default_factory=dict)
     """The image features that are depth maps, and how their cells become depth."""
 
@@ -87,6 +90,8 @@ class EpisodeColumns:
         table: pa.Table,
         image_keys: Sequence[str] = (),
         image_sizes: Mapping[str, tuple[int, int]] | None = None,
+        *,
+        image_channels: Mapping[str, int] | None = None,
         depth_images: Mapping[str, DepthImage] | None = None,
     ) -> EpisodeColumns:
         tensors: dict[str, torch.Tensor] = {}
@@ -107,6 +112,7 @@ class EpisodeColumns:
             else:
                 tensors[name] = torch.from_numpy(array)
         sizes = dict(image_sizes or {})
+        channels = dict(image_channels or {})
         depth = dict(depth_images or {})
         return cls(
             list(table.column_names),
@@ -116,6 +122,7 @@ class EpisodeColumns:
             table.num_rows,
             language,
             sizes,
+            channels,
             depth,
         )
 
@@ -148,7 +155,8 @@ class EpisodeColumns:
             if depth is not None:
                 cell = torch.from_numpy(depth.decode(cell, size, allow_path=size is None))
             else:
-                array = decode_image(cell, size, allow_path=size is None)
+                channels = self.image_channels.get(name)
+                array = decode_image(cell, size, allow_path=size is None, channels=channels)
                 cell = torch.from_numpy(array).permute(2, 0, 1).contiguous()
             self.images[name][position] = cell
         return cell

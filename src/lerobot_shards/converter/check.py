@@ -43,6 +43,7 @@ from lerobot_shards.validate import (
     check_tar_member,
     check_totals,
     decode_image,
+    frame_channels,
     frame_size,
     is_depth_map,
     parse_header,
@@ -284,13 +285,17 @@ def verify_episode(
 
 def _image_check(rows: pa.Table, meta: Any) -> list[str]:
     """Every image of an image dataset's rows decoded as the reader decodes one
-    (``validate.decode_image``: bytes, not a path, of the features' size): the first bad one."""
+    (``validate.decode_image``: bytes, not a path, of the features' size and channels; a depth
+    map's with ``depth.decode_depth_image``): the first bad one."""
     for key in meta.image_keys:
-        size = frame_size(meta.features[key])
-        decode = decode_depth_image if is_depth_map(meta.features[key]) else decode_image
+        feature = meta.features[key]
+        size, channels = frame_size(feature), frame_channels(feature)
         for position, cell in enumerate(rows.column(key).to_pylist()):
             try:
-                decode(cell, size, allow_path=False)
+                if is_depth_map(feature):
+                    decode_depth_image(cell, size, allow_path=False)
+                else:
+                    decode_image(cell, size, allow_path=False, channels=channels)
             except ValueError as exc:
                 return [f"image {key!r} of row {position}: {exc}"]
     return []

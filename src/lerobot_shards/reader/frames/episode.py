@@ -43,6 +43,7 @@ from lerobot_shards.validate import (
     check_header_matches,
     check_rows,
     check_tar_member,
+    frame_channels,
     frame_size,
     parse_header,
     row_keys,
@@ -271,12 +272,17 @@ def load_episode(
     table = check_rows(table, features, header, tasks, where, fps, tolerance_s)
     check_header_cameras(header, features, where)
     sizes = {key: frame_size(features[key]) for key in spec.image_keys}
+    channels = {key: frame_channels(features[key]) for key in spec.image_keys}
     unit = spec.depth_output_unit
     depth_images = {
         key: DepthImage.of(features[key], unit) for key in spec.image_keys if key in spec.depth_keys
     }
     columns = EpisodeColumns.from_table(
-        table.select(row_keys(features)), spec.image_keys, sizes, depth_images
+        table.select(row_keys(features)),
+        spec.image_keys,
+        sizes,
+        image_channels=channels,
+        depth_images=depth_images,
     )
 
     cameras: dict[str, CameraFrames] = {}
