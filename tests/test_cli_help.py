@@ -83,6 +83,7 @@ PYTHON_DEFAULTS = [
     ("stream", "--buffer-size", "buffer_size"),
     ("stream", "--byte-budget-gb", "byte_budget_gb"),
     ("stream", "--seed", "seed"),
+    ("stream", "--depth-output-unit", "depth_output_unit"),
     ("stream", "--decode-threads", "decode_threads"),
     ("stream", "--cache", "cache"),
     ("stream", "--cache-dir", "cache_dir"),

@@ -1,8 +1,9 @@
 """The items LeRobot itself returned, recorded: LeRobotSource and the converted shards read by
 ShardedLeRobotDataset both equal them, key for key, value for value (torch.equal), task for task.
 
-Golden data: v3.0 written and read by LeRobot 0.6.1 (tests/data/lerobot-0.6.1: recordings, and
-recordings merged by its own aggregate_datasets) and v2.1 written and read by LeRobot 0.3.3
+Golden data: v3.0 written and read by LeRobot 0.6.1 (tests/data/lerobot-0.6.1: recordings, among
+them a depth camera as video, LeRobot's default 12-bit HEVC with open GOPs, and as 16-bit images,
+and recordings merged by its own aggregate_datasets) and v2.1 written and read by LeRobot 0.3.3
 (tests/data/lerobot-0.3.3-v2.1); each folder's README says how. Values that are not tensors
 (LeRobot's language columns, None where a row is empty) were recorded as JSON text and are
 compared as such: the same text is the same values, keys in the same order.
@@ -35,6 +36,8 @@ FRAMES = {
     "aggregated_image": 148,
     "language": 56,
     "language_none": 56,
+    "depth_video": 56,
+    "depth_image": 56,
 }
 """The golden datasets and their frames."""
 DATASETS = list(FRAMES)
@@ -162,11 +165,13 @@ def test_dataloader_workers_equal_lerobot(golden_dir, golden_delta_timestamps):
         assert_item_is_golden(item, index, keys, tasks, recorded)
 
 
-@pytest.mark.parametrize("name", ["av1_multifile", "image", "aggregated"])
+@pytest.mark.parametrize(
+    "name", ["av1_multifile", "image", "aggregated", "depth_video", "depth_image"]
+)
 def test_return_uint8_equals_lerobots_own(golden_path, shards, name):
-    """lerobot-train's own setting, ``return_uint8=True``: video frames uint8 and image
-    features float32, every value as LeRobot's LeRobotDataset returns it, from the source and
-    from a whole epoch of the shards. LeRobot's environment runs this."""
+    """lerobot-train's own setting, ``return_uint8=True``: video frames uint8, image features
+    and depth maps float32, every value as LeRobot's LeRobotDataset returns it, from the source
+    and from a whole epoch of the shards. LeRobot's environment runs this."""
     lerobot_dataset = importorskip(
         "lerobot.datasets.lerobot_dataset", reason="LeRobot is optional; CI's LeRobot env runs this"
     )

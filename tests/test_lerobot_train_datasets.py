@@ -3,14 +3,17 @@ in this process): each setting LeRobot's factory reads reaches the readers. ``--
 selects exactly the frames LeRobot's own dataset of those episodes holds; ``--seed`` is the
 order, the same for the same seed; ``--dataset.video_backend``, ``--tolerance_s`` and
 ``--dataset.image_transforms.*`` reach the train and eval readers (the eval one untransformed,
-unshuffled, unpadded, as LeRobot evaluates); a selection or split of several ``--shards`` is
-refused. The trainer itself: test_lerobot_train.py. Needs LeRobot (CI's LeRobot env)."""
+unshuffled, unpadded, as LeRobot evaluates); ``--dataset.depth_output_unit`` is the depth maps'
+unit and their stats'; a selection or split of several ``--shards`` is refused. The trainer
+itself: test_lerobot_train.py. Needs LeRobot (CI's LeRobot env)."""
 
 from __future__ import annotations
 
 from collections import Counter
 
+import numpy as np
 import pytest
+import torch
 from support.required import importorskip
 
 importorskip("lerobot", reason="LeRobot is optional; CI's LeRobot env runs this")
@@ -102,6 +105,30 @@ def test_image_transforms_reach_the_train_reader_only(av1):
     assert (held_out.shuffle, held_out.pad) == (False, False)
     plain, _ = make_datasets(config(), Shards([str(av1)]))
     assert plain.spec.image_transforms is None
+
+
+@pytest.mark.parametrize("unit", ["mm", "m"])
+def test_depth_output_unit_reaches_the_readers_and_their_stats(shards, golden_path, unit):
+    """``--dataset.depth_output_unit``: depth in that unit, and the stats LeRobot's own dataset
+    gives it (rescaled from the stored millimetres; ``use_imagenet_stats``, on by default,
+    leaves them)."""
+    cfg = TrainPipelineConfig(
+        dataset=DatasetConfig(repo_id="golden/depth_video", depth_output_unit=unit),
+        policy=ACTConfig(device="cpu", push_to_hub=False),
+    )
+    train, _ = make_datasets(cfg, Shards([str(shards("depth_video"))]))
+    theirs = LeRobotDataset(
+        "golden/depth_video",
+        root=golden_path("depth_video"),
+        depth_output_unit=unit,
+        return_uint8=True,
+        video_backend="pyav",
+    )
+    depth = "observation.images.depth"
+    for stat, value in theirs.meta.stats[depth].items():
+        assert np.array_equal(train.meta.stats[depth][stat], value), stat
+    item = next(iter(train))
+    assert torch.equal(item[depth], theirs[int(item["index"])][depth])
 
 
 @pytest.mark.parametrize(

@@ -35,6 +35,7 @@ PAGES = [
     "README.md",
     "docs/converting.md",
     "docs/streaming.md",
+    "docs/depth.md",
     "docs/checkpoints.md",
     "docs/mixtures.md",
     "docs/storage.md",
@@ -105,12 +106,16 @@ def lerobot_env_lines() -> list[str]:
 
 
 @pytest.fixture
-def users_folder(tmp_path, s3_server) -> Path:
+def users_folder(tmp_path, s3_server, golden_path) -> Path:
     """A folder holding what ``bash scripts/demo.sh`` leaves: the demo's sample dataset and its
-    conversion; and an S3 bucket ``my-bucket``."""
+    conversion; the golden depth dataset converted at ``shards/depth`` (what docs/depth.md's
+    snippet reads); and an S3 bucket ``my-bucket``."""
     make_demo_dataset(tmp_path / "demo-output/lerobot")
     convert(str(tmp_path / "demo-output/lerobot"), str(tmp_path / "demo-output/shards"),
             workers=0, progress=False)  # fmt: skip
+    convert(
+        str(golden_path("depth_video")), str(tmp_path / "shards/depth"), workers=0, progress=False
+    )
     s3_server.direct_filesystem.call_s3("create_bucket", Bucket="my-bucket")
     return tmp_path
 

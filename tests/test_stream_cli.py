@@ -132,3 +132,24 @@ def test_cli_streams_a_weighted_mixture_and_reports_each_datasets_coverage(conve
         [*CLI, str(converted), str(converted), "--weights", "3"], capture_output=True, text=True
     )
     assert bad.returncode != 0 and "1 weights for 2 datasets" in bad.stderr
+
+
+@pytest.mark.parametrize("unit", ["mm", "m"])
+def test_cli_depth_output_unit_reaches_the_reader(shards, monkeypatch, unit: str):
+    """``--depth-output-unit``: the depth maps' unit of the reader ``stream`` runs."""
+    import lerobot_shards.throughput as throughput
+
+    opened = []
+    real = throughput.ShardedLeRobotDataset
+
+    def recording(*args, **kwargs):
+        opened.append(real(*args, **kwargs))
+        return opened[-1]
+
+    monkeypatch.setattr(throughput, "ShardedLeRobotDataset", recording)
+    root = str(shards("depth_image"))
+    args = ["stream", root, "--num-workers", "0", "--depth-output-unit", unit]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert [ds.spec.depth_output_unit for ds in opened] == [unit]
+    assert "done: 56 samples" in result.output

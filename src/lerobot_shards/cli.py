@@ -371,6 +371,13 @@ def parse_weights(spec: str | None, count: int) -> list[float] | None:
     help="Video frames as uint8 (4x fewer bytes: what training reads), or float32 in [0, 1] "
     "as LeRobot returns them by default (ShardedLeRobotDataset's return_uint8).",
 )
+@click.option(
+    "--depth-output-unit",
+    type=click.Choice(["mm", "m"]),
+    default="mm",
+    show_default=True,
+    help="Depth cameras' unit: millimetres or metres (LeRobot's depth_output_unit).",
+)
 @SEED
 @click.option(
     "--decode-threads",
@@ -405,10 +412,10 @@ def parse_weights(spec: str | None, count: int) -> list[float] | None:
 def stream(
     roots: tuple[str, ...], weights: str | None, num_workers: int, batch_size: int,
     seconds: float | None, epochs: int | None,
-    buffer_size: int, byte_budget_gb: float | None, uint8: bool, seed: int,
-    decode_threads: int | None, interval: float, mixed_batches: bool, cache: bool | None,
-    cache_dir: str | None, cache_limit_gb: float | None, node_affinity: bool | None,
-    storage_options: dict,
+    buffer_size: int, byte_budget_gb: float | None, uint8: bool, depth_output_unit: str,
+    seed: int, decode_threads: int | None, interval: float, mixed_batches: bool,
+    cache: bool | None, cache_dir: str | None, cache_limit_gb: float | None,
+    node_affinity: bool | None, storage_options: dict,
     report_path: str | None,
 ) -> None:  # fmt: skip
     """Stream the converted dataset at ROOT (several ROOTS: their mixture) through a
@@ -432,6 +439,7 @@ def stream(
     with ExitStack() as running:
         options: dict = {
             "decode_threads": decode_threads,
+            "depth_output_unit": depth_output_unit,
             **cache_settings(cache, cache_dir, cache_limit_gb, node_affinity),
         }
         log = None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import posixpath
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -102,6 +103,31 @@ class CameraHeader:
     """Frames after the episode's last one, to drop: with B-frames, the episode's last frames
     reference later ones, which come before them in decode order. Written only when non-zero,
     so readers from before it read every shard that has none."""
+
+
+def decode_starts(pts: Sequence[int], keys: Sequence[bool]) -> list[int]:
+    """For each packet of a video, in decode order (its presentation time in ``pts``, whether it
+    is a keyframe in ``keys``), the index of the keyframe it decodes from: the last keyframe at
+    or before it that is shown no later than it (-1: none). With closed GOPs that is its GOP's
+    keyframe; with open GOPs a keyframe's leading frames (decoded after it, shown before it)
+    reference the GOP before and decode from its keyframe. An episode's cut holds, for each of
+    its frames, the keyframe that frame decodes from, and none of its first keyframe's leading
+    frames (they decode from no keyframe of the cut).
+
+    Args:
+        pts: each packet's presentation timestamp, in decode order.
+        keys: whether each packet is a keyframe.
+    """
+    starts: list[int] = []
+    keyframes: list[int] = []
+    for i, (shown, key) in enumerate(zip(pts, keys, strict=True)):
+        if key:
+            keyframes.append(i)
+        k = len(keyframes) - 1
+        while k >= 0 and pts[keyframes[k]] > shown:  # a leading frame of that keyframe
+            k -= 1
+        starts.append(keyframes[k] if k >= 0 else -1)
+    return starts
 
 
 @dataclass

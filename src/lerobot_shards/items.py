@@ -7,7 +7,8 @@ this module does I/O.
 LeRobot 0.6.1 builds an item as: the parquet row converted by ``torch.tensor`` (so floats become
 float32, ints int64, scalars 0-dim), with ``delta_timestamps`` the neighbours' rows stacked and
 clamped to the episode plus ``<key>_is_pad`` masks, the camera frames put *first*, image
-transforms applied to every camera key, and ``task`` appended last.
+transforms applied to every camera key but depth maps, and ``task`` appended last. Depth maps
+are float32 in the output unit whatever ``return_uint8`` says (``lerobot_shards.depth``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from lerobot_shards.depth import DepthImage
 from lerobot_shards.language import LANGUAGE_COLUMNS, LanguageColumn
 from lerobot_shards.validate import decode_image
 
@@ -62,8 +64,9 @@ class EpisodeColumns:
 
     ``tensors`` holds numeric columns stacked over rows (dtype as ``torch.tensor`` of the
     Python value gives: float32, int64 or bool). ``images`` holds image features, decoded
-    lazily to CHW uint8 tensors. ``language`` holds LeRobot's language columns, whose values
-    are made per item (``language.py``). ``others`` keeps any other column as Python values.
+    lazily to CHW uint8 tensors (depth images, ``depth_images``: float32 ``(1, H, W)`` as LeRobot
+    returns them). ``language`` holds LeRobot's language columns, whose values are made per item
+    (``language.py``). ``others`` keeps any other column as Python values.
     """
 
     names: list[str]
@@ -78,6 +81,8 @@ class EpisodeColumns:
     image_channels: dict[str, int] = field(default_factory=dict)
     """Per image feature, its channels: an image of other bands is refused (shards; a LeRobot
     source leaves it empty)."""
+    depth_images: dict[str, DepthImage] = field(default_factory=dict)
+    """The image features that are depth maps, and how their cells become depth."""
 
     @classmethod
     def from_table(
@@ -87,6 +92,7 @@ class EpisodeColumns:
         image_sizes: Mapping[str, tuple[int, int]] | None = None,
         *,
         image_channels: Mapping[str, int] | None = None,
+        depth_images: Mapping[str, DepthImage] | None = None,
     ) -> EpisodeColumns:
         tensors: dict[str, torch.Tensor] = {}
         images: dict[str, list] = {}
@@ -107,6 +113,7 @@ class EpisodeColumns:
                 tensors[name] = torch.from_numpy(array)
         sizes = dict(image_sizes or {})
         channels = dict(image_channels or {})
+        depth = dict(depth_images or {})
         return cls(
             list(table.column_names),
             tensors,
@@ -116,6 +123,7 @@ class EpisodeColumns:
             language,
             sizes,
             channels,
+            depth,
         )
 
     def value(self, name: str, positions: int | np.ndarray) -> object:
@@ -143,9 +151,13 @@ class EpisodeColumns:
         cell = self.images[name][position]
         if not isinstance(cell, torch.Tensor):
             size = self.image_sizes.get(name)
-            channels = self.image_channels.get(name)
-            array = decode_image(cell, size, allow_path=size is None, channels=channels)
-            cell = torch.from_numpy(array).permute(2, 0, 1).contiguous()
+            depth = self.depth_images.get(name)
+            if depth is not None:
+                cell = torch.from_numpy(depth.decode(cell, size, allow_path=size is None))
+            else:
+                channels = self.image_channels.get(name)
+                array = decode_image(cell, size, allow_path=size is None, channels=channels)
+                cell = torch.from_numpy(array).permute(2, 0, 1).contiguous()
             self.images[name][position] = cell
         return cell
 
@@ -194,10 +206,15 @@ class ItemSpec:
     image_keys: list[str]
     deltas: dict[str, np.ndarray]
     return_uint8: bool = False
-    """Video frames stay uint8; image features are float32 either way, as in LeRobot."""
+    """Video frames stay uint8; image features and depth maps are float32 either way, as in
+    LeRobot."""
     image_transforms: Callable[[torch.Tensor], torch.Tensor] | None = None
     key_map: dict[str, str | None] = field(default_factory=dict)
     dataset_index: int | None = None
+    depth_keys: frozenset[str] = frozenset()
+    """The cameras that are depth maps: their frames come float32 in ``depth_output_unit``
+    (dequantized by the decoder, converted by ``EpisodeColumns``) and no transform touches them."""
+    depth_output_unit: str = "mm"
 
     @property
     def camera_keys(self) -> list[str]:
@@ -232,8 +249,9 @@ class ItemSpec:
     ) -> dict:
         """Assemble the item for row ``position`` of an episode.
 
-        ``frames[key]`` is uint8 NCHW, one frame per entry of ``video_positions``; like LeRobot,
-        a single frame is returned as CHW (``squeeze(0)``).
+        ``frames[key]`` is uint8 NCHW, one frame per entry of ``video_positions`` (a depth
+        map's: float32, already in the output unit); like LeRobot, a single frame is returned
+        as CHW (``squeeze(0)``).
         """
         queries, pads = query_positions(position, columns.length, self.deltas)
         row: dict[str, object] = {}
@@ -243,16 +261,19 @@ class ItemSpec:
             else:
                 row[name] = columns.value(name, position)
         for key in self.image_keys:  # LeRobot makes image features float32 whatever
-            if key in row:  # return_uint8 says: it applies to decoded video frames only
+            if key in row and key not in self.depth_keys:  # return_uint8: video frames only
                 row[key] = frames_to_output(row[key], False)
         item: dict[str, object] = {}
         for key in self.video_keys:
-            item[key] = frames_to_output(frames[key], self.return_uint8).squeeze(0)
+            video = frames[key]
+            if key not in self.depth_keys:  # depth maps come dequantized by the decoder
+                video = frames_to_output(video, self.return_uint8)
+            item[key] = video.squeeze(0)
         item.update(row)
         item.update(pads)
         if self.image_transforms is not None:
             for key in self.camera_keys:
-                if key in item:
+                if key in item and key not in self.depth_keys:
                     item[key] = self.image_transforms(item[key])
         item["task"] = task
         if self.key_map:

@@ -18,12 +18,22 @@ import time
 from pathlib import Path
 from typing import Any
 
-FIELDS = ("fetch_s", "decode_s", "fetch_wait_s", "outside_s", "items", "frames_decoded")
+FIELDS = (
+    "fetch_s",
+    "decode_s",
+    "fetch_wait_s",
+    "outside_s",
+    "items",
+    "frames_decoded",
+    "packets_decoded",
+)
 """``fetch_s``: seconds fetch threads spent fetching, verifying and demuxing episodes;
 ``decode_s``: seconds spent decoding GOPs (on any thread); ``fetch_wait_s``: seconds the
 iterating thread waited for an episode's fetch; ``outside_s``: seconds between handing an item
 over and being asked for the next (collating, and waiting for the DataLoader to want more);
-``items``: items built; ``frames_decoded``: camera frames decoded."""
+``items``: items built; ``frames_decoded``: camera frames decoded for items (or the frame
+cache); ``packets_decoded``: packets the decoders were given, each a frame's decoding work, kept
+or not (more than ``frames_decoded`` where a frame needs others decoded first)."""
 
 
 class Counters:

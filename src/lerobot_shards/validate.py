@@ -101,14 +101,16 @@ def mapping(value: Any, where: str, name: str) -> dict:
 def value_kind(feature: Mapping[str, Any], return_uint8: bool) -> tuple[str, tuple[int, ...]]:
     """The dtype and per-item shape of a feature's values, by LeRobot's rules: a
     feature of shape ``(1,)`` is a scalar, floats are float32 and integers int64, a camera's
-    ``(H, W, C)`` is a ``(C, H, W)`` frame (uint8 for a video with ``return_uint8``)."""
+    ``(H, W, C)`` is a ``(C, H, W)`` frame (uint8 for a video with ``return_uint8``, but a
+    depth map's, which is float32 whatever: ``lerobot_shards.depth``)."""
     dtype = str(feature.get("dtype"))
     shape = tuple(int(n) for n in feature.get("shape", ()))
     if dtype in ("video", "image"):
         names = list(feature.get("names") or [])
         channel = names.index("channels") if "channels" in names else len(shape) - 1
         hw = tuple(n for i, n in enumerate(shape) if i != channel)
-        return ("uint8" if return_uint8 and dtype == "video" else "float32"), (shape[channel], *hw)
+        uint8 = return_uint8 and dtype == "video" and not is_depth_map(feature)
+        return ("uint8" if uint8 else "float32"), (shape[channel], *hw)
     if dtype.startswith("float"):
         kind = "float32"
     elif dtype.startswith(("int", "uint")):
@@ -118,6 +120,72 @@ def value_kind(feature: Mapping[str, Any], return_uint8: bool) -> tuple[str, tup
     else:
         return ("str" if dtype == "string" else "object"), shape
     return kind, (() if shape == (1,) else shape)
+
+
+def is_depth_map(feature: Mapping[str, Any]) -> bool:
+    """Whether a feature is a depth map, by LeRobot's rule (``meta.depth_keys``): its info says
+    ``is_depth_map`` (older datasets: ``video.is_depth_map``, in ``info`` or ``video_info``).
+
+    Args:
+        feature: an entry of ``info.json``'s features.
+    """
+    info = feature.get("info") if isinstance(feature.get("info"), Mapping) else {}
+    video_info = feature.get("video_info") if isinstance(feature.get("video_info"), Mapping) else {}
+    return bool(
+        info.get("is_depth_map")
+        or info.get("video.is_depth_map")
+        or video_info.get("video.is_depth_map")
+    )
+
+
+DEPTH_UNITS = ("mm", "m")
+"""The units LeRobot records depth in (``info.depth_unit``) and returns it in."""
+DEPTH_QUANTIZATION = ("video.depth_min", "video.depth_max", "video.shift", "video.use_log")
+"""A depth video's quantization, in its feature's info (metres; None: LeRobot's default)."""
+
+
+def check_depth_feature(feature: Mapping[str, Any], where: str) -> None:
+    """A depth map's feature as LeRobot reads it: a camera of one channel, its ``depth_unit``
+    one LeRobot converts (or none: returned as stored), its quantization numbers, and with a
+    logarithmic one, ``depth_min + shift > 0`` (LeRobot fails every read otherwise).
+
+    Args:
+        feature: the depth map's entry of ``info.json``'s features.
+        where: the file and feature, for the error.
+    """
+    if feature.get("dtype") not in ("video", "image"):
+        raise FormatError(f"{where} is marked is_depth_map but is no camera ({feature['dtype']})")
+    channels = value_kind(feature, False)[1][0]
+    if channels != 1:
+        raise FormatError(
+            f"{where}: a depth map has one channel, its shape {list(feature['shape'])} has "
+            f"{channels} (LeRobot returns it as (1, H, W))"
+        )
+    info = feature.get("info") if isinstance(feature.get("info"), Mapping) else {}
+    unit = info.get("depth_unit")
+    if unit is not None and unit not in DEPTH_UNITS:
+        raise FormatError(
+            f"{where}: depth_unit {unit!r} is not one of {list(DEPTH_UNITS)}, which LeRobot "
+            "converts"
+        )
+    values = {name: info.get(name) for name in DEPTH_QUANTIZATION}
+    for name, value in values.items():
+        if value is None:
+            continue
+        if name == "video.use_log":
+            if not isinstance(value, bool):
+                raise FormatError(f"{where}: {name} must be true or false, got {value!r}")
+        elif (
+            not isinstance(value, int | float) or isinstance(value, bool) or not np.isfinite(value)
+        ):
+            raise FormatError(f"{where}: {name} must be a number (metres), got {value!r}")
+    depth_min = values["video.depth_min"] if values["video.depth_min"] is not None else 0.01
+    shift = values["video.shift"] if values["video.shift"] is not None else 3.5
+    if values["video.use_log"] is not False and depth_min + shift <= 0:
+        raise FormatError(
+            f"{where}: video.depth_min + video.shift = {depth_min + shift} is not positive: "
+            "its logarithmic quantization has no inverse"
+        )
 
 
 def frame_size(feature: Mapping) -> tuple[int, int]:
@@ -346,14 +414,7 @@ def decode_image(
     elsewhere."""
     from PIL import Image  # here: a dataset without images never imports it
 
-    data = value["bytes"] if isinstance(value, Mapping) else value
-    if data is None and isinstance(value, Mapping) and value.get("path"):
-        if not allow_path:
-            raise ValueError(f"an image names a file ({value['path']!r}) instead of its bytes")
-        with open(value["path"], "rb") as f:
-            data = f.read()
-    if not isinstance(data, bytes):
-        raise ValueError(f"an image holds {type(data).__name__}, not encoded bytes")
+    data = image_bytes(value, allow_path)
     try:
         with Image.open(io.BytesIO(data)) as img:
             if size is not None and (img.height, img.width) != tuple(size):
@@ -374,6 +435,24 @@ def decode_image(
             return array.reshape(img.height, img.width, bands)
     except (OSError, SyntaxError, Image.DecompressionBombError) as exc:  # PIL's decode errors
         raise ValueError(f"an image does not decode: {exc}") from exc
+
+
+def image_bytes(value: object, allow_path: bool = True) -> bytes:
+    """An image cell's encoded bytes.
+
+    Args:
+        value: the cell (LeRobot's struct of bytes and path, or the bytes).
+        allow_path: whether a cell naming a file is read (``decode_image`` says when).
+    """
+    data = value["bytes"] if isinstance(value, Mapping) else value
+    if data is None and isinstance(value, Mapping) and value.get("path"):
+        if not allow_path:
+            raise ValueError(f"an image names a file ({value['path']!r}) instead of its bytes")
+        with open(value["path"], "rb") as f:
+            data = f.read()
+    if not isinstance(data, bytes):
+        raise ValueError(f"an image holds {type(data).__name__}, not encoded bytes")
+    return data
 
 
 def check_header_matches(header: Any, row: Mapping[str, int], where: str) -> None:
@@ -484,6 +563,8 @@ def check_features(features: Any, where: str) -> dict[str, dict]:
         if feature["dtype"] in ("video", "image") and len(shape) != 3:
             raise FormatError(f"{where}: camera {key!r} shape must be 3 numbers, got {shape!r}")
         check_names(feature.get("names"), feature["dtype"], shape, f"{where}: feature {key!r}")
+        if is_depth_map(feature):
+            check_depth_feature(feature, f"{where}: feature {key!r}")
     return features
 
 

@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from lerobot_shards.depth import decode_depth_image
 from lerobot_shards.format import (
     INDEX_FILE,
     MANIFEST_FILE,
@@ -44,6 +45,7 @@ from lerobot_shards.validate import (
     decode_image,
     frame_channels,
     frame_size,
+    is_depth_map,
     parse_header,
     parse_index,
     read_index,
@@ -283,13 +285,17 @@ def verify_episode(
 
 def _image_check(rows: pa.Table, meta: Any) -> list[str]:
     """Every image of an image dataset's rows decoded as the reader decodes one
-    (``validate.decode_image``: bytes, not a path, of the features' size and channels): the
-    first bad one."""
+    (``validate.decode_image``: bytes, not a path, of the features' size and channels; a depth
+    map's with ``depth.decode_depth_image``): the first bad one."""
     for key in meta.image_keys:
-        size, channels = frame_size(meta.features[key]), frame_channels(meta.features[key])
+        feature = meta.features[key]
+        size, channels = frame_size(feature), frame_channels(feature)
         for position, cell in enumerate(rows.column(key).to_pylist()):
             try:
-                decode_image(cell, size, allow_path=False, channels=channels)
+                if is_depth_map(feature):
+                    decode_depth_image(cell, size, allow_path=False)
+                else:
+                    decode_image(cell, size, allow_path=False, channels=channels)
             except ValueError as exc:
                 return [f"image {key!r} of row {position}: {exc}"]
     return []
@@ -297,7 +303,10 @@ def _image_check(rows: pa.Table, meta: Any) -> list[str]:
 
 def _video_check(data: bytes, camera: Any, deep: bool) -> list[str]:
     """The mp4's size, codec, pixel format and packets as its header says (as the reader
-    demuxes it); with ``deep``, every frame decoded and counted."""
+    demuxes it); with ``deep``, every frame decoded, and each of the episode's frames (those
+    between the skipped and the tail ones, in presentation order) found among them. A cut
+    starting at an open GOP's keyframe may hold frames before it that no decoder starting
+    there outputs; they are skipped ones."""
     try:
         with av.open(io.BytesIO(data), mode="r", format="mp4") as container:
             stream = container.streams.video[0]
@@ -305,15 +314,20 @@ def _video_check(data: bytes, camera: Any, deep: bool) -> list[str]:
                 check_stream(stream.codec_context, camera, "the video")
             except FormatError as exc:
                 return [str(exc)]
-            packets = sum(1 for p in container.demux(stream) if p.size)
-            if packets != camera.frames:
-                return [f"holds {packets} packets, its header says {camera.frames} frames"]
+            shown = sorted(p.pts for p in container.demux(stream) if p.size)
+            if len(shown) != camera.frames:
+                return [f"holds {len(shown)} packets, its header says {camera.frames} frames"]
         if not deep:
             return []
         with av.open(io.BytesIO(data), mode="r") as container:
-            count = sum(1 for _ in container.decode(video=0))
+            decoded = {frame.pts for frame in container.decode(video=0)}
     except (av.error.FFmpegError, IndexError) as exc:  # IndexError: no video stream
         return [f"does not decode: {exc}"]
-    if count != camera.frames:
-        return [f"decodes to {count} frames, expected {camera.frames}"]
+    episode = shown[camera.skip_frames : camera.frames - camera.tail_frames]
+    missing = [k for k, pts in enumerate(episode) if pts not in decoded]
+    if missing:
+        return [
+            f"decodes to {len(decoded)} frames of {camera.frames}, without the episode's frames "
+            f"{missing[:10]}"
+        ]
     return []

@@ -4,6 +4,18 @@ Packets are remuxed as they are, never decoded and re-encoded, so a decoder gets
 frames. The episode's frames are found by their real presentation timestamps: LeRobot's
 ``from_timestamp`` is a running float sum, so the nearest packet within ``tolerance_s`` wins.
 
+Where a cut starts. Each frame decodes from the last keyframe before it (in decode order) that
+is shown no later than it: its GOP's keyframe where GOPs are closed (LeRobot's AV1); with open
+GOPs (x265's default, LeRobot's depth encoding; x264's ``open-gop``), a frame decoded after a
+keyframe but shown before it references the GOP before and decodes from that GOP's keyframe, as
+in LeRobot's decoder. A cut starts at the earliest keyframe one of its frames decodes from; the
+frames before the episode in it are dropped at read (``skip_frames``), so no frame of another
+episode is ever served, and the reader decodes each frame from the same keyframe
+(``reader/frames/decode.py``). LeRobot encodes each episode on its own, so its episodes start at
+a keyframe and their cuts hold no other frame, open GOPs or not. The first keyframe's own leading
+frames (shown before it, decoded after it) are left out of the cut: they do not decode from it,
+and no frame after them references them, so every frame of a cut decodes.
+
 What a cut checks (``_check_cut``): the written mp4 holds exactly the episode's frames, its
 first packets parse (FFmpeg probes them when opening it), and, with ``decode_check``, its
 first frame (the keyframe it starts at) decodes, which catches a source whose codec parameters
@@ -23,7 +35,7 @@ from typing import BinaryIO
 
 import av
 
-from lerobot_shards.format import CameraHeader
+from lerobot_shards.format import CameraHeader, decode_starts
 from lerobot_shards.validate import check_stream
 
 DEFAULT_TOLERANCE_S = 1e-4
@@ -113,8 +125,9 @@ class SourceVideo:
     ) -> Cut:
         """Stream-copy the frames at ``from_timestamp + timestamps[k]`` into a new mp4.
 
-        If the first frame is not a keyframe, the cut starts at the keyframe before it and the
-        header's ``skip_frames`` says how many leading frames to drop. The cut ends at the
+        If the first frame is not a keyframe, the cut starts at the keyframe before it (with
+        open GOPs, the earliest keyframe one of its frames decodes from: the module says why)
+        and the header's ``skip_frames`` says how many leading frames to drop. The cut ends at the
         episode's last frame in decode order: with B-frames, frames shown after the episode
         that its last frames reference come before them, and ``tail_frames`` says how many to
         drop at the end. ``where`` names the episode and camera in errors; ``decode_check``:
@@ -129,12 +142,29 @@ class SourceVideo:
         try:
             for margin in _SEEK_MARGINS_S:
                 pkts = _demux_span(container, stream, first_s, last_s, margin, tolerance_s)
-                if pkts and (margin is None or _covers(pkts, first_s, tb, tolerance_s)):
+                early = bool(pkts) and min(p.pts for p in pkts) * tb <= first_s + tolerance_s
+                if not early and margin is not None:
+                    continue  # the seek landed past the episode's start (open GOPs)
+                if not pkts:
+                    break
+                starts = decode_starts([p.pts for p in pkts], [p.key for p in pkts])
+                picked, start, end = _locate(
+                    pkts, starts, from_timestamp, timestamps, tb, tolerance_s, where
+                )
+                if start is not None or margin is None:
                     break
         except av.error.FFmpegError as exc:
             raise _damaged(where, f"cannot be read around {first_s:.3f}s", exc) from exc
-        picked, start, end = _locate(pkts, from_timestamp, timestamps, tb, tolerance_s, where)
-        span = pkts[start:end]
+        if not pkts:
+            raise CutError(f"{where}: no frames at or after {first_s:.6f}s")
+        if start is None:
+            raise CutError(
+                f"{where}: no keyframe before the episode start {first_s:.6f}s that its frames "
+                "decode from"
+            )
+        # the keyframe's own leading frames do not decode from it, and nothing after them
+        # references them: left out, so that every frame of the cut decodes
+        span = [pkts[i] for i in range(start, end) if starts[i] >= start]
         first_pts = picked[0].pts
         last_pts = picked[-1].pts
         skip = sum(1 for p in span if p.pts < first_pts)
@@ -144,7 +174,6 @@ class SourceVideo:
                 f"{where}: the cut holds {len(span)} frames ({skip} leading, {trailing} after "
                 f"the episode), expected {len(timestamps)} of the episode between them"
             )
-        _check_closed_gops(span, tb, where)
         data = _remux(stream, span)
         cc = stream.codec_context
         camera = CameraHeader(
@@ -203,22 +232,19 @@ def _demux_span(
     return pkts
 
 
-def _covers(pkts: list[_Pkt], first_s: float, tb: float, tolerance_s: float) -> bool:
-    """Whether the span starts early enough to hold the episode's first frame and its keyframe."""
-    return min(p.pts for p in pkts) * tb <= first_s + tolerance_s and pkts[0].key
-
-
 def _locate(
     pkts: list[_Pkt],
+    starts: list[int],
     from_timestamp: float,
     timestamps: list[float],
     tb: float,
     tolerance_s: float,
     where: str,
-) -> tuple[list[_Pkt], int, int]:
-    """The episode's packets (in pts order) and the decode-order span [start, end) to copy."""
-    if not pkts:
-        raise CutError(f"{where}: no frames at or after {from_timestamp + timestamps[0]:.6f}s")
+) -> tuple[list[_Pkt], int | None, int]:
+    """The episode's packets (in pts order) and the decode-order span [start, end) to copy
+    (``starts``: each packet's keyframe, ``format.decode_starts``); ``start`` None: the demuxed
+    packets begin too late to hold a keyframe every frame of the episode decodes from (demux
+    from further back)."""
     by_pts = sorted(range(len(pkts)), key=lambda i: pkts[i].pts)
     first_s = from_timestamp + timestamps[0]
     i0 = min(range(len(by_pts)), key=lambda k: abs(pkts[by_pts[k]].pts * tb - first_s))
@@ -242,26 +268,9 @@ def _locate(
                 f"{where}: frame {k} is at {got:.6f}s into the episode, its row's timestamp "
                 f"says {want:.6f}s (tolerance {tolerance_s}s)"
             )
-    first_decoded = min(chosen)
-    start = max((i for i in range(first_decoded + 1) if pkts[i].key), default=None)
-    if start is None:
-        raise CutError(f"{where}: no keyframe at or before the episode start {first_s:.6f}s")
+    keyframes = [starts[i] for i in chosen]
+    start = None if -1 in keyframes else min(keyframes)
     return [pkts[i] for i in chosen], start, max(chosen) + 1
-
-
-def _check_closed_gops(span: list[_Pkt], tb: float, where: str) -> None:
-    """Refuse open GOPs: a frame decoded after a keyframe but shown before it references the GOP
-    before, and the reader decodes each GOP from its own keyframe (``reader/frames/decode.py``)."""
-    key_pts = span[0].pts
-    for p in span:
-        if p.key:
-            key_pts = p.pts
-        elif p.pts < key_pts:
-            raise CutError(
-                f"{where}: open GOP: the frame at {p.pts * tb:.6f}s is decoded after the keyframe "
-                f"at {key_pts * tb:.6f}s but shown before it; lerobot-shards needs closed GOPs "
-                "(re-encode with them, e.g. libx264's open-gop=0, LeRobot's default libsvtav1)"
-            )
 
 
 def _remux(stream: av.video.stream.VideoStream, span: list[_Pkt]) -> bytes:

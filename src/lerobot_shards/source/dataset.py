@@ -15,19 +15,28 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from lerobot_shards.depth import (
+    DEFAULT_DEPTH_UNIT,
+    DepthImage,
+    Quantization,
+    check_unit,
+    dequantization_table,
+    rescale_stats,
+)
 from lerobot_shards.items import EpisodeColumns, ItemSpec, delta_indices
 from lerobot_shards.source.layout import EpisodeInfo, Source, SourceError, open_source
 from lerobot_shards.source.video import DecoderCache
-from lerobot_shards.validate import canonical_rows, row_keys
+from lerobot_shards.validate import canonical_rows, is_depth_map, row_keys
 
 
 class LeRobotSource(Dataset):
     """A LeRobot dataset (v3.0 or v2.1, local or any fsspec URL) as a map-style torch Dataset.
 
-    ``delta_timestamps`` (seconds, multiples of 1/fps), ``tolerance_s``, ``image_transforms``
-    and ``video_backend`` mean what they mean in LeRobot; ``return_uint8`` keeps video frames
-    uint8 instead of float32 in [0, 1] (image features stay float32, as LeRobot returns them).
-    Metadata mirrors ``LeRobotDataset.meta``.
+    ``delta_timestamps`` (seconds, multiples of 1/fps), ``tolerance_s``, ``image_transforms``,
+    ``video_backend`` and ``depth_output_unit`` mean what they mean in LeRobot; ``return_uint8``
+    keeps video frames uint8 instead of float32 in [0, 1] (image features and depth maps stay
+    float32, as LeRobot returns them). Metadata mirrors ``LeRobotDataset.meta`` (``stats``:
+    depth maps' in ``depth_output_unit``).
     """
 
     def __init__(
@@ -39,10 +48,12 @@ class LeRobotSource(Dataset):
         image_transforms: Callable[[torch.Tensor], torch.Tensor] | None = None,
         return_uint8: bool = False,
         video_backend: str = "pyav",
+        depth_output_unit: str = DEFAULT_DEPTH_UNIT,
         storage_options: dict | None = None,
         episode_cache_size: int = 4,
     ) -> None:
         self.source: Source = open_source(root, storage_options)
+        self.depth_output_unit = check_unit(depth_output_unit)
         self.root = root
         self.tolerance_s = tolerance_s
         self.video_backend = video_backend
@@ -56,7 +67,19 @@ class LeRobotSource(Dataset):
             deltas=delta_indices(self.delta_timestamps, self.fps, tolerance_s),
             return_uint8=return_uint8,
             image_transforms=image_transforms,
+            depth_keys=frozenset(self.depth_keys),
+            depth_output_unit=self.depth_output_unit,
         )
+        self._depth_tables = {
+            key: dequantization_table(Quantization.of(self.features[key]), self.depth_output_unit)
+            for key in self.spec.video_keys
+            if key in self.spec.depth_keys
+        }
+        self._depth_images = {
+            key: DepthImage.of(self.features[key], self.depth_output_unit)
+            for key in self.spec.image_keys
+            if key in self.spec.depth_keys
+        }
         self._decoders = DecoderCache(self.source, video_backend)
         self._starts = np.cumsum([0] + [ep.length for ep in self.episodes])
         self._columns: OrderedDict[int, EpisodeColumns] = OrderedDict()
@@ -90,12 +113,27 @@ class LeRobotSource(Dataset):
         return self.source.image_keys
 
     @property
+    def depth_keys(self) -> list[str]:
+        """Cameras whose feature info marks them as depth maps, by LeRobot's rule."""
+        return [key for key, ft in self.features.items() if is_depth_map(ft)]
+
+    @property
     def tasks(self) -> list[str]:
         return self.source.tasks
 
     @property
     def stats(self) -> dict[str, Any] | None:
-        return self.source.stats
+        """``stats.json``; depth maps' as numpy arrays in ``depth_output_unit``, as LeRobot
+        rescales them."""
+        stats = self.source.stats
+        if stats is None:
+            return None
+        depth = {
+            key: {name: np.array(value) for name, value in stats[key].items()}
+            for key in self.depth_keys
+            if key in stats
+        }
+        return {**stats, **rescale_stats(depth, self.features, self.depth_output_unit)}
 
     @property
     def episodes(self) -> list[EpisodeInfo]:
@@ -147,7 +185,9 @@ class LeRobotSource(Dataset):
             where = f"{self.source.path(ep.data_path)} (episode {ep.episode_index})"
             table = canonical_rows(table, self.features, where)  # as LeRobot casts them
             present = [k for k in row_keys(self.source.features) if k in table.column_names]
-            columns = EpisodeColumns.from_table(table.select(present), self.spec.image_keys)
+            columns = EpisodeColumns.from_table(
+                table.select(present), self.spec.image_keys, depth_images=self._depth_images
+            )
             self._columns[ep.episode_index] = columns
             while len(self._columns) > self._episode_cache_size:
                 self._columns.popitem(last=False)
@@ -157,17 +197,19 @@ class LeRobotSource(Dataset):
     def _frames(
         self, ep: EpisodeInfo, key: str, columns: EpisodeColumns, positions: np.ndarray
     ) -> torch.Tensor:
-        """uint8 NCHW frames of camera ``key`` at the rows ``positions`` of episode ``ep``."""
+        """uint8 NCHW frames of camera ``key`` at the rows ``positions`` of episode ``ep`` (a
+        depth map's: float32 ``(N, 1, H, W)`` in the output unit)."""
         span = ep.videos[key]
         # LeRobot: the row's float32 timestamp as a Python float, plus the episode's start.
         row_ts = columns.value("timestamp", positions).tolist()
         query = [span.from_timestamp + float(t) for t in row_ts]
         where = f"episode {ep.episode_index}, camera {key}"
-        try:
-            decoder = self._decoders.get(span.path)
+        depth = self._depth_tables.get(key)
+        try:  # LeRobot decodes depth maps with PyAV whatever the backend
+            decoder = self._decoders.get(span.path, "pyav" if depth is not None else None)
         except FileNotFoundError as exc:
             raise SourceError(f"{exc}: video file not found ({where})") from None
-        return decoder.frames_at(query, self.tolerance_s, where)
+        return decoder.frames_at(query, self.tolerance_s, where, depth)
 
     def close(self) -> None:
         """Close the open video decoders (they reopen on the next item)."""

@@ -8,6 +8,16 @@ keyframe, so a decoder that stays open and keeps decoding forward returns the sa
 skipping the re-open and re-seek for every item. Frames are located by their actual packet
 timestamps, so a small drift of v3.0's ``from_timestamp`` (an accumulated float sum) is tolerated
 up to ``tolerance_s`` and anything beyond it is an error naming file, episode and camera.
+
+Depth maps (LeRobot decodes them with PyAV whatever the backend) come as their ``gray12le``
+codes, PyAV's ``to_ndarray`` as LeRobot takes them, looked up in the feature's dequantization
+table (``lerobot_shards.depth``).
+
+Open GOPs: FFmpeg's mp4 seek finds keyframes by decode time, so for a frame decoded after a
+keyframe but shown before it (x264's ``open-gop`` puts some two frames early), it can land on
+that keyframe, and a decoder starting there never outputs the frame: LeRobot 0.6.1 then fails
+the item (``FrameTimestampError``). Here a seek that lands past the frame it was for seeks again
+from further back, and returns the frame a decoder running through gives.
 """
 
 from __future__ import annotations
@@ -52,6 +62,10 @@ def _nearest(queries: np.ndarray, times: np.ndarray, tolerance_s: float, where: 
     return idx
 
 
+_SEEK_MARGINS_S = (1.0, 10.0, None)
+"""How far before a frame to seek again when a seek landed past it; ``None``: the file's start."""
+
+
 class PyAVDecoder:
     """One open video file decoded forward on demand (the ``pyav`` backend).
 
@@ -82,22 +96,32 @@ class PyAVDecoder:
         self._eof = False
 
     def frames_at(
-        self, timestamps: Sequence[float], tolerance_s: float, where: str
+        self,
+        timestamps: Sequence[float],
+        tolerance_s: float,
+        where: str,
+        depth: np.ndarray | None = None,
     ) -> torch.Tensor:
-        """uint8 NCHW rgb24 frames nearest to ``timestamps`` (seconds in this file)."""
+        """uint8 NCHW rgb24 frames nearest to ``timestamps`` (seconds in this file); with
+        ``depth`` (a depth map's dequantization table), float32 ``(N, 1, H, W)`` depth."""
         queries = np.asarray(timestamps, dtype=np.float64)
         first, last = float(queries.min()), float(queries.max())
         if not self._usable(first):
             self._seek(first)
+            for margin in _SEEK_MARGINS_S:  # open GOPs: a seek may land past `first`
+                self._decode_until(first, where)
+                if not self._buffer or self._buffer[0][0] < first + tolerance_s:
+                    break
+                self._seek(0.0 if margin is None else max(first - margin, 0.0))
         self._decode_until(last, where)
         times = np.array([t for t, _ in self._buffer])
         idx = _nearest(queries, times, tolerance_s, f"{self.name} ({where})")
-        out = torch.stack(
-            [
-                torch.from_numpy(self._buffer[i][1].to_ndarray(format="rgb24")).permute(2, 0, 1)
-                for i in idx
-            ]
-        )
+        if depth is None:
+            frames = [self._buffer[i][1].to_ndarray(format="rgb24") for i in idx]
+            out = torch.stack([torch.from_numpy(f).permute(2, 0, 1) for f in frames])
+        else:  # LeRobot's codes: PyAV's gray12le (H, W) uint16
+            codes = [self._buffer[i][1].to_ndarray(format="gray12le") for i in idx]
+            out = torch.stack([torch.from_numpy(np.take(depth, c))[None] for c in codes])
         # Keep from the last frame at or before `first`: the next item usually starts there.
         keep = max(int(np.searchsorted(times, first, side="right")) - 1, 0)
         del self._buffer[:keep]
@@ -159,8 +183,14 @@ class TorchCodecDecoder:
         self._num_frames = int(meta.num_frames)
 
     def frames_at(
-        self, timestamps: Sequence[float], tolerance_s: float, where: str
+        self,
+        timestamps: Sequence[float],
+        tolerance_s: float,
+        where: str,
+        depth: np.ndarray | None = None,
     ) -> torch.Tensor:
+        if depth is not None:
+            raise ValueError(f"{self.name}: depth maps decode with PyAV, as LeRobot's do")
         queries = np.asarray(timestamps, dtype=np.float64)
         indices = np.clip(np.round(queries * self._fps).astype(np.int64), 0, self._num_frames - 1)
         try:
@@ -215,26 +245,28 @@ class DecoderCache:
         self.backend = backend
         self.max_open = max_open
         self._pid = os.getpid()
-        self._open: OrderedDict[str, Decoder] = OrderedDict()
+        self._open: OrderedDict[tuple[str, str], Decoder] = OrderedDict()
 
-    def get(self, relative: str) -> Decoder:
-        """The open decoder of a video file (relative to the source root), opening it if needed."""
+    def get(self, relative: str, backend: str | None = None) -> Decoder:
+        """The open decoder of a video file (relative to the source root), opening it if
+        needed; ``backend`` overrides the cache's (depth maps decode with PyAV)."""
         if self._pid != os.getpid():
             # Never close or free a decoder inherited through fork: its codec threads live only
             # in the parent, and joining them here would hang. Keep them referenced instead.
             _INHERITED.extend(self._open.values())
             self._open = OrderedDict()
             self._pid = os.getpid()
-        decoder = self._open.get(relative)
+        key = (relative, backend or self.backend)
+        decoder = self._open.get(key)
         if decoder is None:
-            decoder = self._new(relative)
-            self._open[relative] = decoder
+            decoder = self._new(*key)
+            self._open[key] = decoder
             while len(self._open) > self.max_open:
                 self._open.popitem(last=False)[1].close()
-        self._open.move_to_end(relative)
+        self._open.move_to_end(key)
         return decoder
 
-    def _new(self, relative: str) -> Decoder:
+    def _new(self, relative: str, backend: str) -> Decoder:
         name = self.source.path(relative)
         local = self.source.local_path(relative)
         if local is not None and not os.path.exists(local):
@@ -243,7 +275,7 @@ class DecoderCache:
             file = local if local is not None else self.source.open(relative)
         except FileNotFoundError:
             raise FileNotFoundError(name) from None
-        if self.backend == "torchcodec":
+        if backend == "torchcodec":
             return TorchCodecDecoder(file, name)
         return PyAVDecoder(file, name)
 

@@ -5,7 +5,9 @@ The settings LeRobot's factory reads from its config apply as it applies them:
 ``delta_timestamps`` resolved from the policy config (``resolve_delta_timestamps``, LeRobot's
 own), ``--dataset.image_transforms.*``, ``--dataset.episodes``, ``--dataset.video_backend``,
 ``--tolerance_s``, ``--seed`` (the reader's order), uint8 frames (``return_uint8=True``, as the
-factory asks), ``--dataset.use_imagenet_stats``, and ``--dataset.eval_split``: the last
+factory asks; depth maps stay float32), ``--dataset.depth_output_unit`` (depth maps and their
+statistics in millimetres or metres), ``--dataset.use_imagenet_stats``, and
+``--dataset.eval_split``: the last
 ``ceil(n * eval_split)`` episodes of each task held out, as LeRobot holds them out. A setting
 that cannot apply to the shards is refused, naming its flag.
 
@@ -122,6 +124,7 @@ def make_datasets(
         ),
         "tolerance_s": cfg.tolerance_s,
         "video_backend": data.video_backend,
+        "depth_output_unit": data.depth_output_unit,
     }
     seed = 0 if cfg.seed is None else cfg.seed
     if data.eval_split == 0:

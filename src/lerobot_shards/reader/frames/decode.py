@@ -20,10 +20,22 @@ than a small GOP's decode), one per thread and stream configuration.
 Pixel values: each frame is converted to rgb24 with swscale's defaults (``rgb24.py``), which is
 what LeRobot's pyav backend returns, bit for bit; the caller may take the decoded frames as they
 are and convert each where it is wanted. Frames stay channel-last as swscale writes them; a
-channel-first copy would cost a third of the decode, and ``permute`` views serve instead.
+channel-first copy would cost a third of the decode, and ``permute`` views serve instead. A
+depth map's frames are its 12-bit codes dequantized in the decoding thread (``depth.py``),
+decoded by PyAV whatever the backend, as LeRobot decodes them.
 
-A GOP is the packets from one keyframe to the next in decode order; this assumes closed GOPs
-(what LeRobot's encoders write; the converter's keyframe cuts rely on it too).
+GOPs, open or closed. A frame decodes from the last keyframe before it (in decode order) that
+is shown no later than it: with closed GOPs (LeRobot's AV1), its own GOP's keyframe. With open
+GOPs (x265's default, LeRobot's depth encoding; x264's ``open-gop``), the frames decoded after a
+keyframe but shown before it (its *leading* frames) may reference the GOP before, and decode
+from that GOP's keyframe, as they do in LeRobot's decoder, which seeks to a keyframe before the
+frame it wants; a decoder that starts at a keyframe never outputs that keyframe's leading
+frames right (HEVC drops them, H.264 damages them), and no frame after them references them. So
+here a *GOP* is the frames that decode from one keyframe: its own, less its leading frames, plus
+the next keyframe's leading frames. Decoding frames of one feeds the decoder from its keyframe to
+the last of them in decode order (into the next keyframe's packets, for open GOPs), leaving out
+the keyframe's own leading frames, then drains it; every frame decoded on the way is right, and
+the caller may keep them.
 """
 
 from __future__ import annotations
@@ -38,8 +50,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from lerobot_shards.format import CameraHeader, FormatError
+from lerobot_shards.format import CameraHeader, FormatError, decode_starts
 from lerobot_shards.reader.fetch.mapped import release
+from lerobot_shards.reader.frames.depth import to_depth
 from lerobot_shards.reader.frames.rgb24 import to_rgb24
 from lerobot_shards.trace import COUNTERS
 from lerobot_shards.validate import check_stream
@@ -65,9 +78,11 @@ class Video:
     Holds no decoded frames and no copy of the bytes: ``data`` (a view into the episode's fetched
     bytes) plus a few numbers per packet. The mp4 holds ``skip_frames`` leading frames to drop,
     then exactly ``length`` frames of the episode, then ``tail_frames`` to drop (references of
-    the episode's last B-frames); any other count, and a stream of another size, codec or
-    pixel format than its header's ``camera`` says, is a :class:`DecodeError` naming
-    ``where``, raised here, on admission.
+    the episode's last B-frames); any other count, a frame of the episode with no keyframe it
+    decodes from, and a stream of another size, codec or pixel format than its header's
+    ``camera`` says, is a :class:`DecodeError` naming ``where``, raised here, on admission.
+    ``depth``: a depth map's dequantization table (``lerobot_shards.depth``); its frames are
+    then float32 ``(H, W, 1)``, decoded by PyAV whatever ``backend`` says.
     """
 
     def __init__(
@@ -80,6 +95,7 @@ class Video:
         camera: CameraHeader | None = None,
         backend: str = "pyav",
         where: str = "video",
+        depth: np.ndarray | None = None,
     ) -> None:
         import av
 
@@ -88,7 +104,8 @@ class Video:
         self.data = memoryview(data)
         self.length = length
         self.skip = skip_frames
-        self.backend = backend
+        self.depth = depth
+        self.backend = "pyav" if depth is not None else backend
         self.where = where
         spans, pts, keys = [], [], []
         try:
@@ -102,8 +119,9 @@ class Video:
                     except FormatError as exc:
                         raise DecodeError(str(exc)) from None
                 self.codec = stream.codec_context.codec.name
-                # one decoded frame as rgb24: what the frame cache counts a held frame as
-                self.frame_bytes = stream.codec_context.width * stream.codec_context.height * 3
+                # one decoded frame as rgb24 (float32 depth): what the frame cache counts it as
+                pixels = stream.codec_context.width * stream.codec_context.height
+                self.frame_bytes = pixels * (3 if depth is None else 4)
                 self.extradata = bytes(stream.codec_context.extradata or b"")
                 for packet in container.demux(stream):
                     if packet.size == 0:  # the demuxer's end-of-stream marker
@@ -128,33 +146,51 @@ class Video:
         rank[np.argsort(np.asarray(pts, dtype=np.int64), kind="stable")] = np.arange(len(pts))
         position = rank - skip_frames
         self._position = position.tolist()
-        # The GOP of each packet (a GOP runs from one keyframe to the next, in decode order),
-        # of each episode position, and the packet range of each GOP.
+        # Each packet's GOP (the keyframe it decodes from, as a packet index; the module says
+        # why), each episode position's, and each GOP's last packet.
         keys[0] = True  # a cut starts at a keyframe
-        gop_of_packet = np.cumsum(np.asarray(keys, dtype=np.int64)) - 1
+        self._start = decode_starts(pts, keys)
         packet_of = np.argsort(position, kind="stable")[skip_frames : skip_frames + length]
-        self._gop_of = gop_of_packet[packet_of].tolist()
-        self._bounds = np.append(np.flatnonzero(keys), len(pts)).tolist()
+        self._packet_of = packet_of.tolist()
+        self._gop_of = [self._start[i] for i in self._packet_of]
+        if -1 in self._gop_of:
+            p = self._gop_of.index(-1)
+            raise DecodeError(
+                f"{where}: frame {p} of the episode is shown before every keyframe decoded "
+                "before it: it does not decode from this cut"
+            )
+        self._end: dict[int, int] = {}
+        for g, i in zip(self._gop_of, self._packet_of, strict=True):
+            self._end[g] = max(self._end.get(g, g), i)
         self._torchcodec = None
         self._torchcodec_lock = threading.Lock()
 
     def gop_of(self, position: int) -> int:
-        """The index of the GOP holding episode frame ``position``."""
+        """The GOP of episode frame ``position``: the packet index of the keyframe it decodes
+        from."""
         if not 0 <= position < self.length:
             raise ValueError(f"{self.where}: frame {position} outside an episode of {self.length}")
         return self._gop_of[position]
 
     def gop_positions(self, position: int) -> list[int]:
-        """The episode positions of the frames in the GOP holding ``position``, in decode order
-        (the skipped leading frames and the tail left out)."""
-        g = self.gop_of(position)
-        gop = self._position[self._bounds[g] : self._bounds[g + 1]]
-        return [p for p in gop if 0 <= p < self.length]
+        """The episode positions of the frames that decoding ``position``'s GOP gives right, in
+        decode order: the GOP's frames, and with open GOPs the next keyframe's frames decoded
+        before the GOP's last (the skipped leading frames and the tail left out)."""
+        return self._gop_frames(self.gop_of(position))
+
+    def _gop_frames(self, g: int) -> list[int]:
+        """``gop_positions`` of GOP ``g``: frames after its keyframe not shown before it."""
+        return [
+            p
+            for i in range(g, self._end[g] + 1)
+            if self._start[i] >= g and 0 <= (p := self._position[i]) < self.length
+        ]
 
     def decode(self, position: int, keep: Collection[int] = (), rgb: bool = True) -> dict[int, Any]:
-        """Frame ``position`` and the frames ``keep`` of its GOP, by episode position: uint8
-        ``(H, W, 3)`` tensors, or with ``rgb=False`` and the pyav backend, PyAV's frames as
-        decoded, for ``rgb24.py`` to write where they are wanted.
+        """Frame ``position`` and the frames ``keep`` of its GOP (``gop_positions``), by episode
+        position: uint8 ``(H, W, 3)`` tensors, or with ``rgb=False`` and the pyav backend,
+        PyAV's frames as decoded, for ``rgb24.py`` to write where they are wanted; a depth
+        map's: float32 ``(H, W, 1)`` in the output unit, whatever ``rgb`` says.
 
         Decodes from the GOP's keyframe only as far as the wanted frames need (with LeRobot's
         GOP 2, a keyframe alone costs one frame's decode). Safe to call from several threads at
@@ -162,22 +198,30 @@ class Video:
         converts, so threads decode in parallel.
         """
         g = self.gop_of(position)
-        first, stop = self._bounds[g], self._bounds[g + 1]
         wanted = {position, *keep}
+        outside = wanted - set(self.gop_positions(position))
+        if outside:
+            raise ValueError(
+                f"{self.where}: frames {sorted(outside)} are not of frame {position}'s GOP"
+            )
         started = time.perf_counter()
         if self.backend == "torchcodec":
-            frames = self._decode_torchcodec(first, stop)
+            frames = self._decode_torchcodec(g)
             frames = {p: frames[p] for p in wanted}
         else:
-            frames = self._decode_pyav(first, stop, wanted, rgb)
+            frames = self._decode_pyav(g, wanted, rgb)
         COUNTERS.add("decode_s", time.perf_counter() - started)
         COUNTERS.add("frames_decoded", len(frames))
         return frames
 
-    def _decode_pyav(self, first: int, stop: int, wanted: set[int], rgb: bool) -> dict[int, Any]:
+    def _decode_pyav(self, first: int, wanted: set[int], rgb: bool) -> dict[int, Any]:
         import av
 
         context = _codec_context(self.codec, self.extradata)
+        # past the last wanted frame's packet, draining the decoder gives the rest
+        stop = max(self._packet_of[p] for p in wanted) + 1
+        # the keyframe's own leading frames are not fed: from it they decode damaged (H.264) or
+        # not at all (HEVC), and no frame after them references them
         position_of = {self._pts[i]: self._position[i] for i in range(first, stop)}
         frames: dict[int, Any] = {}
 
@@ -185,13 +229,20 @@ class Video:
             for frame in decoded:
                 p = position_of.get(frame.pts)
                 if p in wanted:
-                    frames[p] = to_rgb24(frame) if rgb else frame
+                    if self.depth is not None:
+                        frames[p] = to_depth(frame, self.depth)
+                    else:
+                        frames[p] = to_rgb24(frame) if rgb else frame
 
+        fed, packets = first, 0
         try:
-            for i in range(first, stop):
-                offset, size = self._spans[i]
+            for fed in range(first, stop):
+                if self._start[fed] < first:
+                    continue
+                packets += 1
+                offset, size = self._spans[fed]
                 packet = av.Packet(self.data[offset : offset + size])
-                packet.pts = packet.dts = self._pts[i]
+                packet.pts = packet.dts = self._pts[fed]
                 collect(context.decode(packet))
                 if len(frames) == len(wanted):
                     break
@@ -201,21 +252,27 @@ class Video:
             raise DecodeError(f"{self.where}: video does not decode: {exc}") from exc
         finally:
             context.flush_buffers()
-            spans = self._spans[first:stop]  # the packets were copied: give their pages back
+            COUNTERS.add("packets_decoded", packets)
+            spans = self._spans[first : fed + 1]  # the packets were copied: give their pages back
             release(self.data, min(o for o, _ in spans), max(o + n for o, n in spans))
         if len(frames) != len(wanted):
             missing = sorted(wanted - frames.keys())
             raise DecodeError(
-                f"{self.where}: decoding packets {first}..{stop - 1} from their keyframe did not "
+                f"{self.where}: decoding packets {first}..{fed} from their keyframe did not "
                 f"give frames {missing}"
             )
         return frames
 
-    def _decode_torchcodec(self, first: int, stop: int) -> dict[int, torch.Tensor]:
-        positions = sorted(p for p in self._position[first:stop] if 0 <= p < self.length)
+    def _decode_torchcodec(self, first: int) -> dict[int, torch.Tensor]:
+        positions = sorted(self._gop_frames(first))
         if not positions:
             return {}
-        lo, hi = positions[0] + self.skip, positions[-1] + self.skip + 1
+        # frames by index in presentation order; from the GOP's earliest packet shown, its
+        # keyframe's leading frames included: torchcodec then seeks to a keyframe before them,
+        # and decodes the keyframe's leading frames, whose absence (a decoder starting at the
+        # keyframe drops them) it does not expect
+        lo = min(self._position[first : self._end[first] + 1]) + self.skip
+        hi = positions[-1] + self.skip + 1
         with self._torchcodec_lock:  # one decoder per video, used by one thread at a time
             if self._torchcodec is None:
                 try:
@@ -224,6 +281,7 @@ class Video:
                     )
                 except (RuntimeError, ValueError) as exc:
                     raise DecodeError(f"{self.where}: video does not decode: {exc}") from exc
+            COUNTERS.add("packets_decoded", hi - lo)  # at least these
             try:
                 batch = self._torchcodec.get_frames_in_range(lo, hi).data
             except (RuntimeError, ValueError) as exc:

@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from lerobot_shards.depth import DepthImage, Quantization, dequantization_table
 from lerobot_shards.format import (
     FormatError,
     header_member,
@@ -272,8 +273,16 @@ def load_episode(
     check_header_cameras(header, features, where)
     sizes = {key: frame_size(features[key]) for key in spec.image_keys}
     channels = {key: frame_channels(features[key]) for key in spec.image_keys}
+    unit = spec.depth_output_unit
+    depth_images = {
+        key: DepthImage.of(features[key], unit) for key in spec.image_keys if key in spec.depth_keys
+    }
     columns = EpisodeColumns.from_table(
-        table.select(row_keys(features)), spec.image_keys, sizes, image_channels=channels
+        table.select(row_keys(features)),
+        spec.image_keys,
+        sizes,
+        image_channels=channels,
+        depth_images=depth_images,
     )
 
     cameras: dict[str, CameraFrames] = {}
@@ -288,6 +297,11 @@ def load_episode(
             camera=camera,
             backend=backend,
             where=f"{where} camera {key}",
+            depth=(
+                dequantization_table(Quantization.of(features[key]), unit)
+                if key in spec.depth_keys
+                else None
+            ),
         )
         cameras[key] = CameraFrames(video, key)
     release(data)  # verified, parsed and demuxed: a mapped shard's pages go back to the kernel

@@ -22,6 +22,7 @@ import pyarrow as pa
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from lerobot_shards.depth import DEFAULT_DEPTH_UNIT, check_unit
 from lerobot_shards.items import ItemSpec
 from lerobot_shards.reader.batches.rows import RowArena
 from lerobot_shards.reader.fetch.cache import default_cache_dir
@@ -135,8 +136,13 @@ class ShardedLeRobotDataset(IterableDataset):
             DataLoader and to the GPU; normalise there), as LeRobot's own trainer asks for and
             ``lerobot-shards train`` passes. Image features are float32 either way, as in
             LeRobot.
+            Depth cameras (``meta.depth_keys``) are float32 ``(1, H, W)`` whatever it says, and
+            ``image_transforms`` skip them, as in LeRobot.
         video_backend: ``"pyav"`` (its wheels bundle FFmpeg) or ``"torchcodec"`` (needs FFmpeg's
             shared libraries), as LeRobot's.
+        depth_output_unit: Depth cameras' unit, as LeRobot's: ``"mm"`` (default; whole
+            millimetres, as float32) or ``"m"``; ``meta.stats`` gives their statistics in it
+            (``lerobot_shards.depth``).
         storage_options: fsspec options for the root(s) (an endpoint, credentials: MinIO, R2,
             ...); a :class:`DatasetRoot`'s own take precedence.
         pad: Give every rank and worker the same number of samples by repeating a few frames
@@ -200,6 +206,7 @@ class ShardedLeRobotDataset(IterableDataset):
         image_transforms: Callable[[torch.Tensor], torch.Tensor] | None = None,
         return_uint8: bool = False,
         video_backend: str = "pyav",
+        depth_output_unit: str = DEFAULT_DEPTH_UNIT,
         storage_options: dict | None = None,
         pad: bool = True,
         decode_threads: int | None = None,
@@ -223,7 +230,13 @@ class ShardedLeRobotDataset(IterableDataset):
         self.root = [str(s.root) for s in sources] if self.is_mixture else str(sources[0].root)
         """The root as given; of a mixture, the list of roots."""
         self._storage_options = dict(storage_options or {})
-        options = ItemOptions(delta_timestamps, tolerance_s, return_uint8, image_transforms)
+        options = ItemOptions(
+            delta_timestamps,
+            tolerance_s,
+            return_uint8,
+            image_transforms,
+            check_unit(depth_output_unit),
+        )
         self.catalog: Catalog = Catalog.open(
             sources, self._storage_options, options, self.is_mixture
         )

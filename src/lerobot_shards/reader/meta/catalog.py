@@ -20,6 +20,7 @@ import fsspec
 import numpy as np
 from fsspec.implementations.local import LocalFileSystem
 
+from lerobot_shards.depth import DEFAULT_DEPTH_UNIT, rescale_stats
 from lerobot_shards.items import ItemSpec, delta_indices
 from lerobot_shards.reader.fetch.ranged import RetryingReads, read_span
 from lerobot_shards.reader.frames.episode import Episode, load_episode
@@ -88,6 +89,7 @@ class ItemOptions:
     tolerance_s: float
     return_uint8: bool
     image_transforms: Callable | None
+    depth_output_unit: str = DEFAULT_DEPTH_UNIT
 
 
 class Member:
@@ -112,6 +114,9 @@ class Member:
         self.selection = Selection.read(fs, self.path, source.episodes, self.root)
         check_totals(index, self.selection.manifest, self.root)
         self.meta: DatasetMeta = read_meta(fs, self.path, index, self.selection.manifest, self.root)
+        if self.meta.stats is not None:  # depth maps' in the unit they are returned in
+            unit = options.depth_output_unit
+            self.meta.stats = rescale_stats(self.meta.stats, self.meta.features, unit)
         key_map = dict(source.key_map)
         unknown = sorted(set(key_map) - set(self.meta.features) - {"task"})
         if unknown:
@@ -138,6 +143,8 @@ class Member:
             image_transforms=options.image_transforms,
             key_map=key_map,
             dataset_index=dataset_index,
+            depth_keys=frozenset(self.meta.depth_keys),
+            depth_output_unit=options.depth_output_unit,
         )
 
     @property

@@ -25,7 +25,13 @@ from lerobot_shards.format import (
     read_whole,
 )
 from lerobot_shards.reader.fetch.ranged import Span
-from lerobot_shards.validate import check_ranges, check_stats, check_tasks, read_manifest
+from lerobot_shards.validate import (
+    check_ranges,
+    check_stats,
+    check_tasks,
+    is_depth_map,
+    read_manifest,
+)
 
 LANGUAGE_COLUMNS = ("language_persistent", "language_events")
 """The columns that make LeRobot's training loop collate with ``lerobot_collate_fn``."""
@@ -193,17 +199,7 @@ class DatasetMeta(_FeatureViews):
     @property
     def depth_keys(self) -> list[str]:
         """Cameras whose feature info marks them as depth maps, by LeRobot's rule."""
-
-        def is_depth(ft: dict) -> bool:
-            info = ft.get("info") or {}
-            video_info = ft.get("video_info") or {}
-            return bool(
-                info.get("is_depth_map")
-                or info.get("video.is_depth_map")
-                or video_info.get("video.is_depth_map")
-            )
-
-        return [key for key, ft in self.features.items() if is_depth(ft)]
+        return [key for key, ft in self.features.items() if is_depth_map(ft)]
 
     @property
     def has_language_columns(self) -> bool:
