@@ -72,6 +72,8 @@ class EpisodeColumns:
     image_sizes: dict[str, tuple[int, int]] = field(default_factory=dict)
     """Per image feature, its (height, width): a decoded image of another size is refused
     (shards; a LeRobot source leaves it empty)."""
+    image_resize: dict[str, Callable[[np.ndarray], np.ndarray]] = field(default_factory=dict)
+    """Per image feature, what resizes its decoded HWC images (a mixture's target layout)."""
 
     @classmethod
     def from_table(
@@ -79,6 +81,7 @@ class EpisodeColumns:
         table: pa.Table,
         image_keys: Sequence[str] = (),
         image_sizes: Mapping[str, tuple[int, int]] | None = None,
+        image_resize: Mapping[str, Callable[[np.ndarray], np.ndarray]] | None = None,
     ) -> EpisodeColumns:
         tensors: dict[str, torch.Tensor] = {}
         images: dict[str, list] = {}
@@ -94,7 +97,8 @@ class EpisodeColumns:
             else:
                 tensors[name] = torch.from_numpy(array)
         sizes = dict(image_sizes or {})
-        return cls(list(table.column_names), tensors, images, others, table.num_rows, sizes)
+        resize = dict(image_resize or {})
+        return cls(list(table.column_names), tensors, images, others, table.num_rows, sizes, resize)
 
     def value(self, name: str, positions: int | np.ndarray) -> object:
         """The column at one row position (0-dim / per-row shape) or stacked over several."""
@@ -117,6 +121,8 @@ class EpisodeColumns:
         if not isinstance(cell, torch.Tensor):
             size = self.image_sizes.get(name)
             array = decode_image(cell, size, allow_path=size is None)
+            if name in self.image_resize:
+                array = self.image_resize[name](array)
             cell = torch.from_numpy(array).permute(2, 0, 1).contiguous()
             self.images[name][position] = cell
         return cell
@@ -170,6 +176,9 @@ class ItemSpec:
     image_transforms: Callable[[torch.Tensor], torch.Tensor] | None = None
     key_map: dict[str, str | None] = field(default_factory=dict)
     dataset_index: int | None = None
+    uint8_images: bool = False
+    """Image features too are uint8 with ``return_uint8`` (a mixture's target layout, whose
+    camera slots each have one dtype), not float32 as LeRobot gives them."""
 
     @property
     def camera_keys(self) -> list[str]:
@@ -214,9 +223,10 @@ class ItemSpec:
                 row[name] = columns.value(name, queries[name])
             else:
                 row[name] = columns.value(name, position)
+        uint8_images = self.return_uint8 and self.uint8_images
         for key in self.image_keys:  # LeRobot makes image features float32 whatever
             if key in row:  # return_uint8 says: it applies to decoded video frames only
-                row[key] = frames_to_output(row[key], False)
+                row[key] = frames_to_output(row[key], uint8_images)
         item: dict[str, object] = {}
         for key in self.video_keys:
             item[key] = frames_to_output(frames[key], self.return_uint8).squeeze(0)

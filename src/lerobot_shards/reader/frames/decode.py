@@ -19,8 +19,10 @@ than a small GOP's decode), one per thread and stream configuration.
 
 Pixel values: each frame is converted to rgb24 with swscale's defaults (``rgb24.py``), which is
 what LeRobot's pyav backend returns, bit for bit; the caller may take the decoded frames as they
-are and convert each where it is wanted. Frames stay channel-last as swscale writes them; a
-channel-first copy would cost a third of the decode, and ``permute`` views serve instead.
+are and convert each where it is wanted. A video given a :class:`~.resize.Resize` (a mixture's
+target layout) is scaled in that same conversion (``resize.py``). Frames stay channel-last as
+swscale writes them; a channel-first copy would cost a third of the decode, and ``permute``
+views serve instead.
 
 A GOP is the packets from one keyframe to the next in decode order; this assumes closed GOPs
 (what LeRobot's encoders write; the converter's keyframe cuts rely on it too).
@@ -40,7 +42,13 @@ import torch
 
 from lerobot_shards.format import CameraHeader, FormatError
 from lerobot_shards.reader.fetch.mapped import release
-from lerobot_shards.reader.frames.rgb24 import to_rgb24
+from lerobot_shards.reader.frames.resize import (
+    Resize,
+    resized_image,
+    resized_rgb24,
+    write_resized_rgb24,
+)
+from lerobot_shards.reader.frames.rgb24 import to_rgb24, write_rgb24
 from lerobot_shards.trace import COUNTERS
 from lerobot_shards.validate import check_stream
 
@@ -67,7 +75,8 @@ class Video:
     then exactly ``length`` frames of the episode, then ``tail_frames`` to drop (references of
     the episode's last B-frames); any other count, and a stream of another size, codec or
     pixel format than its header's ``camera`` says, is a :class:`DecodeError` naming
-    ``where``, raised here, on admission.
+    ``where``, raised here, on admission. With ``resize``, every frame it gives is resized
+    (``resize.py``).
     """
 
     def __init__(
@@ -80,6 +89,7 @@ class Video:
         camera: CameraHeader | None = None,
         backend: str = "pyav",
         where: str = "video",
+        resize: Resize | None = None,
     ) -> None:
         import av
 
@@ -90,6 +100,7 @@ class Video:
         self.skip = skip_frames
         self.backend = backend
         self.where = where
+        self.resize = resize
         spans, pts, keys = [], [], []
         try:
             with av.open(io.BytesIO(self.data), mode="r", format="mp4") as container:
@@ -104,6 +115,8 @@ class Video:
                 self.codec = stream.codec_context.codec.name
                 # one decoded frame as rgb24: what the frame cache counts a held frame as
                 self.frame_bytes = stream.codec_context.width * stream.codec_context.height * 3
+                if resize is not None:
+                    self.frame_bytes = resize.height * resize.width * 3
                 self.extradata = bytes(stream.codec_context.extradata or b"")
                 for packet in container.demux(stream):
                     if packet.size == 0:  # the demuxer's end-of-stream marker
@@ -151,6 +164,18 @@ class Video:
         gop = self._position[self._bounds[g] : self._bounds[g + 1]]
         return [p for p in gop if 0 <= p < self.length]
 
+    def to_rgb(self, frame: Any) -> torch.Tensor:
+        """A frame :meth:`decode` gave unconverted, as the uint8 ``(H, W, 3)`` tensor it would
+        have given converted (resized, with a ``resize``)."""
+        return to_rgb24(frame) if self.resize is None else resized_rgb24(frame, self.resize)
+
+    def write_rgb(self, frame: Any, out: torch.Tensor) -> None:
+        """Write what :meth:`to_rgb` gives for ``frame`` into ``out`` (a batch slot)."""
+        if self.resize is None:
+            write_rgb24(frame, out)
+        else:
+            write_resized_rgb24(frame, out, self.resize)
+
     def decode(self, position: int, keep: Collection[int] = (), rgb: bool = True) -> dict[int, Any]:
         """Frame ``position`` and the frames ``keep`` of its GOP, by episode position: uint8
         ``(H, W, 3)`` tensors, or with ``rgb=False`` and the pyav backend, PyAV's frames as
@@ -185,7 +210,7 @@ class Video:
             for frame in decoded:
                 p = position_of.get(frame.pts)
                 if p in wanted:
-                    frames[p] = to_rgb24(frame) if rgb else frame
+                    frames[p] = self.to_rgb(frame) if rgb else frame
 
         try:
             for i in range(first, stop):
@@ -228,7 +253,11 @@ class Video:
                 batch = self._torchcodec.get_frames_in_range(lo, hi).data
             except (RuntimeError, ValueError) as exc:
                 raise DecodeError(f"{self.where}: video does not decode: {exc}") from exc
-        return {p: batch[p + self.skip - lo] for p in positions}
+        frames = {p: batch[p + self.skip - lo] for p in positions}
+        if self.resize is not None:
+            for p, frame in frames.items():
+                frames[p] = torch.from_numpy(resized_image(frame.numpy(), self.resize))
+        return frames
 
 
 _local = threading.local()

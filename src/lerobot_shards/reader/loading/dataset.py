@@ -32,7 +32,10 @@ from lerobot_shards.reader.loading.node_cache import NodeSchedule
 from lerobot_shards.reader.loading.stream import StreamOptions, decode_thread_count, stream_part
 from lerobot_shards.reader.loading.worker_epochs import WorkerEpochs
 from lerobot_shards.reader.meta.catalog import Catalog, DatasetRoot, ItemOptions, Member, as_sources
+from lerobot_shards.reader.meta.embodiment import TargetLayout
+from lerobot_shards.reader.meta.layout_meta import LayoutMeta
 from lerobot_shards.reader.meta.metadata import DatasetMeta, MixtureMeta, Selection
+from lerobot_shards.reader.meta.placement import place_members
 from lerobot_shards.reader.meta.schema import check_batchable, item_schema
 from lerobot_shards.reader.plan.elastic import Layout, Ordering, Part, Planner, node_parts
 from lerobot_shards.reader.plan.mixture import MixturePlan, samples_per_dataset
@@ -44,6 +47,7 @@ from lerobot_shards.trace import TraceWriter
 __all__ = [
     "DatasetMeta",
     "DatasetRoot",
+    "LayoutMeta",
     "MixtureMeta",
     "ShardedLeRobotDataset",
     "node_count",
@@ -88,6 +92,14 @@ class ShardedLeRobotDataset(IterableDataset):
     ``epoch_size`` samples (default: the total frames; without weights every frame once), exact
     per frame to floor/ceil and rotating over epochs (``reader/plan/mixture.py``); ``ds.meta`` is a
     :class:`MixtureMeta`. A mixture whose items would not batch together is refused here.
+
+    ``layout`` (a :class:`TargetLayout`, its dict, or a JSON/YAML file): every dataset's items
+    mapped into one layout, for mixtures across robots (``docs/embodiments.md``): vectors
+    padded into slots with masks, cameras into slots (zero images where a dataset has none),
+    frames resized as they are decoded, each dataset normalised with its own statistics, and
+    the names of each item's dataset and embodiment; ``ds.meta`` is then a ``LayoutMeta``.
+    ``delta_indices``: neighbours in steps (frames at each dataset's own rate), as
+    ``delta_timestamps`` gives them in seconds, with the same ``_is_pad`` masks.
 
     At most ``buffer_size`` episodes per DataLoader worker are resident (plus a few
     prefetched). Decoded frames are held in a cache of ``frame_cache_gb`` (10**9 bytes) per rank,
@@ -169,6 +181,8 @@ class ShardedLeRobotDataset(IterableDataset):
         frame_cache_gb: float = DEFAULT_FRAME_CACHE_GB,
         repeat: bool = False,
         delta_timestamps: Mapping[str, Sequence[float]] | None = None,
+        delta_indices: Mapping[str, Sequence[int]] | None = None,
+        layout: TargetLayout | Mapping[str, Any] | str | os.PathLike | None = None,
         tolerance_s: float = 1e-4,
         image_transforms: Callable[[torch.Tensor], torch.Tensor] | None = None,
         return_uint8: bool = False,
@@ -196,16 +210,19 @@ class ShardedLeRobotDataset(IterableDataset):
         self.root = [str(s.root) for s in sources] if self.is_mixture else str(sources[0].root)
         """The root as given; of a mixture, the list of roots."""
         self._storage_options = dict(storage_options or {})
-        options = ItemOptions(delta_timestamps, tolerance_s, return_uint8, image_transforms)
+        self.layout = None if layout is None else TargetLayout.of(layout)
+        """The target layout items are mapped into (None: each dataset's own items)."""
+        options = ItemOptions(
+            delta_timestamps,
+            tolerance_s,
+            return_uint8,
+            image_transforms,
+            delta_indices,
+            self.layout,
+        )
         self.catalog = Catalog.open(sources, self._storage_options, options, self.is_mixture)
         members = self.catalog.members
-        if self.is_mixture:
-            check_batchable(
-                [item_schema(m.meta.features, m.spec) for m in members], [m.root for m in members]
-            )
-            self.meta = MixtureMeta([m.meta for m in members], [m.spec.key_map for m in members])
-        else:
-            self.meta = members[0].meta
+        self.meta = self._open_meta(members, options)
         self.shuffle = shuffle
         if int(seed) < 0:  # numpy's generators would refuse it only at the first iteration
             raise ValueError(f"seed must be non-negative, got {seed}")
@@ -255,6 +272,27 @@ class ShardedLeRobotDataset(IterableDataset):
             "peak_frame_cache_bytes": 0,
             "frames_from_cache": 0,
         }
+
+    def _open_meta(
+        self, members: Sequence[Member], options: ItemOptions
+    ) -> DatasetMeta | MixtureMeta:
+        """The reader's metadata; a mixture whose items would not batch is refused here."""
+        if self.layout is not None:
+            placements = place_members(self.layout, members, options.steps, options.return_uint8)
+            for member, placement in zip(members, placements, strict=True):
+                member.placement = placement
+            schemas = [
+                p.schema(item_schema(m.meta.features, m.spec))
+                for m, p in zip(members, placements, strict=True)
+            ]
+            check_batchable(schemas, [m.root for m in members])
+            return LayoutMeta([m.meta for m in members], placements, self.layout)
+        if not self.is_mixture:
+            return members[0].meta
+        check_batchable(
+            [item_schema(m.meta.features, m.spec) for m in members], [m.root for m in members]
+        )
+        return MixtureMeta([m.meta for m in members], [m.spec.key_map for m in members])
 
     @property
     def datasets(self) -> list[Member]:
