@@ -231,6 +231,29 @@ def verify(root: str, deep: bool) -> None:
     click.echo(f"{root}: ok")
 
 
+def layout_settings(layout_file: str | None, embodiments: str | None, count: int) -> dict:
+    """``--layout`` read and checked now (its content, not its path, goes into checkpoints)
+    and ``--embodiments``, one per root."""
+    if layout_file is None:
+        if embodiments is not None:
+            raise click.BadParameter("embodiments need a --layout", param_hint="--embodiments")
+        return {}
+    from lerobot_shards.reader.meta.embodiment import TargetLayout
+
+    try:
+        layout = TargetLayout.load(layout_file).to_dict()
+    except (ValueError, ImportError) as exc:
+        raise click.BadParameter(str(exc), param_hint="--layout") from exc
+    names = None
+    if embodiments is not None:
+        names = embodiments.split(",")
+        if len(names) != count or not all(names):
+            raise click.BadParameter(
+                f"{embodiments!r}: one name per --shards ({count})", param_hint="--embodiments"
+            )
+    return {"layout": layout, "embodiments": names}
+
+
 def parse_weights(spec: str | None, count: int) -> list[float] | None:
     """``"2,1,1"`` -> ``[2.0, 1.0, 1.0]``, one weight per root."""
     if spec is None:
@@ -394,6 +417,18 @@ def stream(
 )
 @click.option("--weights", help="A mixture's weights, one per --shards, e.g. 2,1.")
 @click.option(
+    "--layout",
+    "layout_file",
+    type=click.Path(exists=True, dir_okay=False),
+    help="A target layout (JSON, or YAML with PyYAML) every dataset is mapped into: a mixture "
+    "across robots (docs/embodiments.md).",
+)
+@click.option(
+    "--embodiments",
+    help="Each --shards' embodiment under --layout, e.g. so100,aloha,pusht (default: each "
+    "dataset's robot_type).",
+)
+@click.option(
     "--storage-options",
     default="{}",
     help='fsspec options as JSON, e.g. \'{"endpoint_url": "http://..."}\'.',
@@ -403,8 +438,9 @@ def stream(
 @cache_options
 @click.pass_context
 def train(
-    ctx: click.Context, roots: tuple[str, ...], weights: str | None, storage_options: str,
-    buffer_size: int, byte_budget_gb: float | None, cache: bool | None, cache_dir: str | None,
+    ctx: click.Context, roots: tuple[str, ...], weights: str | None, layout_file: str | None,
+    embodiments: str | None, storage_options: str, buffer_size: int,
+    byte_budget_gb: float | None, cache: bool | None, cache_dir: str | None,
     cache_limit_gb: float | None, node_affinity: bool | None,
 ) -> None:  # fmt: skip
     """Train with LeRobot's own trainer, lerobot-train, on shards: every other argument is
@@ -434,7 +470,10 @@ def train(
             buffer_size=buffer_size,
             byte_budget_gb=byte_budget_gb,
             **cache_settings(cache, cache_dir, cache_limit_gb, node_affinity),
+            **layout_settings(layout_file, embodiments, len(roots)),
         )
+    elif layout_file or embodiments:
+        raise click.BadParameter("--layout and --embodiments go with --shards")
     try:
         run_train(shards, ctx.args)
     except RefusedArgument as exc:
