@@ -38,6 +38,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
+from support.batches import assert_same_items
 from torch.utils.data import DataLoader
 
 import lerobot_shards
@@ -335,6 +336,23 @@ def test_resume_and_elastic_resume_are_exact(roots):
     after.load_state_dict(state)
     rest = Counter(p for b in DataLoader(after, batch_size=4, num_workers=3) for p in ids_of(b))
     assert Counter(before) + rest == epoch
+
+
+def test_ranks_are_balanced_and_the_cache_serves_the_same_items(roots, monkeypatch, tmp_path):
+    """Two ranks: equal parts that together are the epoch; a rank reading through the
+    node-local cache yields the uncached reader's items, tensor for tensor."""
+    epoch = Counter((int(i["dataset_index"]), int(i["index"])) for i in mixture(roots, pad=False))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    parts = []
+    for rank in (0, 1):
+        monkeypatch.setenv("RANK", str(rank))
+        cached = list(mixture(roots, cache_dir=tmp_path / "cache"))
+        uncached = list(mixture(roots, cache=False))
+        assert_same_items(cached, uncached)
+        parts.append(Counter((int(i["dataset_index"]), int(i["index"])) for i in cached))
+    assert sum(parts[0].values()) == sum(parts[1].values()) == 55
+    assert not epoch - parts[0] - parts[1]  # every sample of the epoch
+    assert sum((parts[0] + parts[1] - epoch).values()) == 1  # 109 samples: one padded repeat
 
 
 def test_each_datasets_statistics_are_kept_in_its_slots(roots):
