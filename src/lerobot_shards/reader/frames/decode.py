@@ -115,8 +115,6 @@ class Video:
                 self.codec = stream.codec_context.codec.name
                 # one decoded frame as rgb24: what the frame cache counts a held frame as
                 self.frame_bytes = stream.codec_context.width * stream.codec_context.height * 3
-                if resize is not None:
-                    self.frame_bytes = resize.height * resize.width * 3
                 self.extradata = bytes(stream.codec_context.extradata or b"")
                 for packet in container.demux(stream):
                     if packet.size == 0:  # the demuxer's end-of-stream marker
@@ -127,6 +125,13 @@ class Video:
         except (av.error.FFmpegError, IndexError) as exc:
             raise DecodeError(f"{where}: video does not decode: {exc}") from exc
         _check_count(len(spans) - skip_frames - tail_frames, length, where)
+        # Resized to fewer bytes than a decoded 4:2:0 frame (half its rgb24), frames are best
+        # held converted: a frame cache then holds more of them, and a batch slot would be
+        # written by a copy anyway (``resize.py``).
+        self.hold_converted = False
+        if resize is not None:
+            self.hold_converted = resize.height * resize.width * 3 < self.frame_bytes / 2
+            self.frame_bytes = resize.height * resize.width * 3
         span_array = np.asarray(spans, dtype=np.int64).reshape(-1, 2)
         if span_array.size and (
             span_array.min() < 0 or (span_array[:, 0] + span_array[:, 1]).max() > len(data)

@@ -27,7 +27,7 @@ from lerobot_shards.reader.frames.resize import Resize
 from lerobot_shards.reader.meta.embodiment import TargetLayout
 from lerobot_shards.reader.meta.metadata import DatasetMeta, Selection, read_meta
 from lerobot_shards.reader.meta.placement import Placement, default_name, layout_key_map
-from lerobot_shards.validate import check_totals, read_index
+from lerobot_shards.validate import check_totals, frame_size, read_index
 
 SpanRead = Callable[..., bytes | memoryview]
 """``read(fs, span, retries=...)``: an episode span's verified bytes (``ranged.read_span``)."""
@@ -153,10 +153,12 @@ class Member:
             uint8_images=layout is not None,
         )
         resize = None if layout is None else layout.frame_resize
-        self.resize: dict[str, Resize] = (
-            {} if resize is None else dict.fromkeys(self.spec.camera_keys, resize)
-        )
-        """Each camera's resize (a layout's ``image_size``)."""
+        self.resize: dict[str, Resize] = {
+            key: resize
+            for key in self.spec.camera_keys
+            if resize is not None and frame_size(self.meta.features[key]) != resize.shape[:2]
+        }
+        """Each camera's resize (a layout's ``image_size``; none where it is the frames')."""
         self.placement: Placement | None = None
         """Where its items go in a target layout (set when the mixture is opened)."""
 

@@ -102,7 +102,7 @@ class LayoutMeta(MixtureMeta):
 
 
 def _mask(placement: Placement, key: str) -> np.ndarray:
-    return next(v.mask for v in placement.vectors if v.key == key).numpy()
+    return next(v.mask for v in placement.vectors if v.key == key)
 
 
 STATS = ("min", "max", "mean", "std", "q01", "q10", "q50", "q90", "q99")

@@ -121,13 +121,15 @@ class _Vector:
     width: int
     source: str | None
     """The dataset's own feature placed here (None: the dataset has none)."""
-    dims: torch.Tensor
+    dims: np.ndarray
     """Slot dim of each of the source's dims (int64)."""
-    mask: torch.Tensor
+    mask: np.ndarray
     """Which slot dims are real (bool, ``width``)."""
     mode: str | None
-    shift: torch.Tensor | None = None
-    scale: torch.Tensor | None = None
+    shift: np.ndarray | None = None
+    """float32, as LeRobot's normaliser holds its statistics (and as the items' values are:
+    numpy's float32 arithmetic is torch's, operation for operation)."""
+    scale: np.ndarray | None = None
 
 
 class Placement:
@@ -175,9 +177,13 @@ class Placement:
         self.steps = dict(steps)
         self.slot_shapes = dict(slot_shapes)
         self.camera_dtype = torch.uint8 if return_uint8 else torch.float32
+        self._numpy_dtype = np.uint8 if return_uint8 else np.float32
         self.source_of = {item: own for own, item in self.key_map.items() if item is not None}
         self.present = {slot: slot in self.source_of for slot in layout.cameras}
         """Whether the dataset fills each camera slot."""
+        # what every item holds alike, made once (each item gets a copy: cheaper than anew)
+        self._flags = {present: torch.tensor(present) for present in (False, True)}
+        self._index = torch.tensor(embodiment_index)
         self.features = features
         self.stats = stats
         self.vectors = [self._vector(key, slot) for key, slot in layout.vectors.items()]
@@ -188,8 +194,8 @@ class Placement:
         source = self.source_of.get(key)
         mode = self.layout.normalization(key)
         if source is None:
-            return _Vector(key, slot.width, None, torch.zeros(0, dtype=torch.int64),
-                           torch.zeros(slot.width, dtype=torch.bool), mode)  # fmt: skip
+            return _Vector(key, slot.width, None, np.zeros(0, np.int64),
+                           np.zeros(slot.width, bool), mode)  # fmt: skip
         feature = self.features[source]
         what = f"{self.where}: vector {key!r}" + (f" (its {source!r})" if source != key else "")
         dtype, shape = str(feature.get("dtype")), tuple(feature.get("shape", ()))
@@ -200,9 +206,9 @@ class Placement:
         if len(shape) != 1:
             raise ValueError(f"{what} has shape {shape}: only 1-d vectors can be placed")
         dims = self._dims(key, slot, shape[0], feature_names(feature), what)
-        mask = torch.zeros(slot.width, dtype=torch.bool)
+        mask = np.zeros(slot.width, bool)
         mask[dims] = True
-        vector = _Vector(key, slot.width, source, torch.tensor(dims, dtype=torch.int64), mask, mode)
+        vector = _Vector(key, slot.width, source, np.asarray(dims, np.int64), mask, mode)
         if mode is not None:
             vector.shift, vector.scale = self._normaliser(source, mode, shape[0], what)
         return vector
@@ -247,7 +253,7 @@ class Placement:
 
     def _normaliser(
         self, source: str, mode: str, n: int, what: str
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[np.ndarray, np.ndarray]:
         """(shift, scale) of ``mode`` from the dataset's own stats of ``source``, as LeRobot's
         normaliser makes them (float32; a zero range becomes ``EPS``)."""
         names = {"mean_std": ("mean", "std"), "min_max": ("min", "max"),
@@ -263,9 +269,9 @@ class Placement:
         if low.shape != (n,) or high.shape != (n,):
             raise ValueError(f"{what}: its stats {list(names)} are not of shape ({n},)")
         if mode == "mean_std":
-            return low, high + EPS
+            return low.numpy(), (high + EPS).numpy()
         denominator = high - low
-        return low, torch.where(denominator == 0, torch.tensor(EPS), denominator)
+        return low.numpy(), torch.where(denominator == 0, torch.tensor(EPS), denominator).numpy()
 
     # ------------------------------------------------------------------ items
 
@@ -277,16 +283,16 @@ class Placement:
         for slot in self.layout.cameras:
             present = self.present[slot]
             out[slot] = item.pop(slot) if present else self._blank(slot, slots)
-            out[f"{slot}_mask"] = torch.tensor(present)
+            out[f"{slot}_mask"] = self._flags[present].clone()
             self._pad(out, item, slot, present)
         for vector in self.vectors:
             out[vector.key] = self._padded(vector, item.pop(vector.key, None))
-            out[f"{vector.key}_mask"] = vector.mask.clone()
+            out[f"{vector.key}_mask"] = torch.from_numpy(vector.mask.copy())
             self._pad(out, item, vector.key, vector.source is not None)
         out.update(item)  # the index columns, task, dataset_index
         out["dataset"] = self.name
         out["embodiment"] = self.embodiment
-        out["embodiment_index"] = torch.tensor(self.embodiment_index)
+        out["embodiment_index"] = self._index.clone()
         return typed_item(out, self.layout.cameras)
 
     def _pad(self, out: dict, item: dict, key: str, present: bool) -> None:
@@ -297,18 +303,19 @@ class Placement:
             out[pad] = item.pop(pad) if present else torch.ones(self.steps[key], dtype=torch.bool)
 
     def _padded(self, vector: _Vector, value: torch.Tensor | None) -> torch.Tensor:
+        """``value`` normalised (LeRobot's formulas, in float32) in its slot dims of zeros;
+        numpy, as its small operations cost a tenth of torch's."""
         steps = self.steps.get(vector.key)
         lead = () if steps is None else (steps,)
-        out = torch.zeros((*lead, vector.width), dtype=torch.float32)
-        if value is None:
-            return out
-        value = value.reshape(*lead, len(vector.dims))
-        if vector.mode == "mean_std":
-            value = (value - vector.shift) / vector.scale
-        elif vector.mode is not None:
-            value = 2 * (value - vector.shift) / vector.scale - 1
-        out[..., vector.dims] = value
-        return out
+        out = np.zeros((*lead, vector.width), np.float32)
+        if value is not None:
+            x = value.as_subclass(torch.Tensor).numpy().reshape(*lead, len(vector.dims))
+            if vector.mode == "mean_std":
+                x = (x - vector.shift) / vector.scale
+            elif vector.mode is not None:
+                x = 2 * (x - vector.shift) / vector.scale - 1
+            out[..., vector.dims] = x
+        return torch.from_numpy(out)
 
     def _blank(self, slot: str, slots: Mapping[str, torch.Tensor] | None) -> torch.Tensor:
         """A zero image (channel-first view of channel-last memory, as decoded frames are) for
@@ -317,11 +324,12 @@ class Placement:
         height, width = self.slot_shapes[slot]
         shape = (1 if steps is None else steps, height, width, 3)
         given = None if slots is None else slots.get(slot)
+        # numpy, on this thread: torch.zeros of a frame wakes torch's intra-op pool (collate.py)
         if given is not None and given.shape == shape and given.dtype == self.camera_dtype:
-            given.numpy().fill(0)  # numpy, on this thread (collate.py says why)
+            given.numpy().fill(0)
             frames = given
-        else:
-            frames = torch.zeros(shape, dtype=self.camera_dtype)
+        else:  # calloc'd: pages are zeroed as they are first touched
+            frames = torch.from_numpy(np.zeros(shape, dtype=self._numpy_dtype))
         frames = frames.permute(0, 3, 1, 2)
         return frames.squeeze(0) if steps is None else frames
 
@@ -370,7 +378,7 @@ class Placement:
             own = (self.stats or {}).get(vector.source) if vector.source else None
             if own is None:
                 continue
-            dims = vector.dims.numpy()
+            dims = vector.dims
             placed: dict[str, np.ndarray] = {}
             for stat, value in own.items():
                 if stat == "count":
