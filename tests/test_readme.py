@@ -31,6 +31,7 @@ PAGES = [
     "docs/streaming.md",
     "docs/checkpoints.md",
     "docs/mixtures.md",
+    "docs/embodiments.md",
     "docs/storage.md",
 ]
 # Snippets that cannot run here, by a string they hold, and why.
@@ -38,6 +39,11 @@ NOT_RUN = {
     'executor="ray"': "reads the Hub on a Ray cluster; tests/test_ray.py converts on Ray",
 }
 CAM_HIGH = {"observation.images.cam_high": (24, 32)}
+ROBOTS = {  # docs/embodiments.md's robots, small: (cameras, joints, fps, robot_type)
+    "so100": (["laptop", "phone"], 6, 30, "so100"),
+    "aloha": (["cam_high", "cam_low", "cam_left_wrist", "cam_right_wrist"], 14, 50, "aloha"),
+    "pusht": ([None], 2, 10, ""),
+}
 
 
 def python_snippets(page: str) -> list[tuple[int, str]]:
@@ -69,6 +75,15 @@ def users_folder(tmp_path, s3_server) -> Path:
     ]:
         make_dataset(tmp_path / "sources" / name, episode_lengths=lengths, cameras=cameras)
         convert(str(tmp_path / "sources" / name), str(tmp_path / "shards" / name), progress=False)
+    for name, (cameras, joints, fps, robot) in ROBOTS.items():
+        keys = [f"observation.images.{c}" if c else "observation.image" for c in cameras]
+        names = [f"joint_{j}" for j in range(joints)]
+        make_dataset(
+            tmp_path / "robot-sources" / name, episode_lengths=[8] * 3, fps=fps, robot_type=robot,
+            cameras=dict.fromkeys(keys, (24, 32)), state_names=names, action_names=names,
+        )  # fmt: skip
+        source = tmp_path / "robot-sources" / name
+        convert(str(source), str(tmp_path / "robots" / name), progress=False)
     s3_server.direct_filesystem.call_s3("create_bucket", Bucket="my-bucket")
     return tmp_path
 
@@ -87,7 +102,7 @@ def test_every_page_with_python_snippets_is_run():
 
 def test_the_pages_have_the_snippets_this_test_prepares_for():
     codes = [code for _, _, code in snippets_to_run()]
-    assert len(codes) == 8
+    assert len(codes) == 9
     assert 'convert("path/to/lerobot_dataset", "shards/aloha", workers=2)' in codes[0]
     assert sum("https://s3.example.com" in code for code in codes) == 1
     assert sum('"ckpt.pt"' in code for code in codes) == 1

@@ -321,6 +321,12 @@ def parse_weights(spec: str | None, count: int) -> list[float] | None:
 )
 @cache_options
 @click.option(
+    "--layout",
+    "layout_file",
+    type=click.Path(exists=True, dir_okay=False),
+    help="A target layout (JSON, or YAML with PyYAML) every ROOT is mapped into, as for train.",
+)
+@click.option(
     "--report",
     "report_path",
     type=click.Path(dir_okay=False, writable=True),
@@ -332,7 +338,8 @@ def stream(
     seconds: float | None, epochs: int | None,
     buffer_size: int, byte_budget_gb: float | None, uint8: bool, seed: int,
     decode_threads: int | None, interval: float, cache: bool | None, cache_dir: str | None,
-    cache_limit_gb: float | None, node_affinity: bool | None, report_path: str | None,
+    cache_limit_gb: float | None, node_affinity: bool | None, layout_file: str | None,
+    report_path: str | None,
 ) -> None:  # fmt: skip
     """Stream the converted dataset at ROOT (several ROOTS: their mixture) through a
     DataLoader and print what it delivers: samples/s, camera frames/s, shard MB/s and the
@@ -357,6 +364,8 @@ def stream(
             "decode_threads": decode_threads,
             **cache_settings(cache, cache_dir, cache_limit_gb, node_affinity),
         }
+        if layout_file is not None:
+            options["layout"] = layout_settings(layout_file, None, len(roots))["layout"]
         log = None
         if report_path is not None:
             from lerobot_shards.report import MemorySampler, RunLog
