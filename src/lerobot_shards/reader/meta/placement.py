@@ -133,7 +133,7 @@ class _Vector:
 
 
 class Placement:
-    """How one dataset's items become the layout's (built at opening by :func:`place`).
+    """How one dataset's items become the layout's (built at opening: :func:`place_members`).
 
     Args:
         layout: The target layout.
