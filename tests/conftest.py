@@ -40,6 +40,8 @@ GOLDEN_V21_DIR = Path(__file__).parent / "data" / "lerobot-0.3.3-v2.1"
 GOLDEN: dict[str, Path] = {
     "av1_multifile": GOLDEN_DIR,
     "image": GOLDEN_DIR,
+    "language": GOLDEN_DIR,
+    "language_none": GOLDEN_DIR,
     "v21_video": GOLDEN_V21_DIR,
     "v21_image": GOLDEN_V21_DIR,
 }

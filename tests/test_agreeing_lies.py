@@ -149,16 +149,6 @@ def test_a_nan_timestamp(parts, tmp_path):
     refused(tmp_path / "d", 3, "timestamp is nan")
 
 
-def test_columns_out_of_the_features_order(parts, tmp_path):
-    """An item's keys follow the rows' columns (as LeRobot's follow its parquet's), so rows
-    in another order than the features' would serve items keyed in another order."""
-    lie = parts.copy()
-    table = lie.table(1)
-    lie.set_table(1, table.select(table.column_names[::-1]))
-    put_together(lie, tmp_path / "d")
-    refused(tmp_path / "d", 1, "in the order")
-
-
 def test_a_delta_the_lying_fps_cannot_resolve_names_the_dataset(parts, tmp_path):
     lie = parts.copy()
     lie.index["fps"] = lie.info["fps"] = 9  # 0.1 s is no multiple of 1/9

@@ -2,7 +2,9 @@
 ShardedLeRobotDataset both equal them, key for key, value for value (torch.equal), task for task.
 
 Golden data: v3.0 written and read by LeRobot 0.6.1 (tests/data/lerobot-0.6.1) and v2.1 written
-and read by LeRobot 0.3.3 (tests/data/lerobot-0.3.3-v2.1); each folder's README says how.
+and read by LeRobot 0.3.3 (tests/data/lerobot-0.3.3-v2.1); each folder's README says how. Values
+that are not tensors (LeRobot's language columns, None where a row is empty) were recorded as
+JSON text and are compared as such: the same text is the same values, keys in the same order.
 """
 
 from __future__ import annotations
@@ -13,13 +15,15 @@ import random
 import numpy as np
 import pytest
 import torch
+from support.mutate import put_together, take_apart
 from support.required import importorskip
 
 from lerobot_shards import ShardedLeRobotDataset
 from lerobot_shards.source import LeRobotSource
 
-DATASETS = ["av1_multifile", "image", "v21_video", "v21_image"]
-FRAMES = 74
+DATASETS = ["av1_multifile", "image", "v21_video", "v21_image", "language", "language_none"]
+FRAMES = {"language": 56, "language_none": 56}
+"""Frames of each dataset that has not 74."""
 
 
 def expected_items(path, delta: bool) -> tuple[list[str], list[str], np.lib.npyio.NpzFile]:
@@ -28,11 +32,22 @@ def expected_items(path, delta: bool) -> tuple[list[str], list[str], np.lib.npyi
     return json.loads(str(recorded["__keys__"])), list(recorded["__tasks__"]), recorded
 
 
+def delta_timestamps_of(recorded, default: dict[str, list[float]]) -> dict[str, list[float]]:
+    """The delta_timestamps a delta dump was recorded with: its own (``__delta__``), or the
+    default of the golden datasets that do not say."""
+    return json.loads(str(recorded["__delta__"])) if "__delta__" in recorded else default
+
+
 def assert_item_is_golden(item: dict, index: int, keys, tasks, recorded) -> None:
     assert list(item) == keys, f"index {index}: keys"
     assert item["task"] == tasks[index], f"index {index}: task"
+    texts = json.loads(str(recorded["__json__"])) if "__json__" in recorded else []
     for key in keys:
         if key == "task":
+            continue
+        if key in texts:
+            got = json.dumps(item[key])
+            assert got == str(recorded[f"{index}|{key}"]), f"index {index}, {key}: {got}"
             continue
         expected = torch.from_numpy(recorded[f"{index}|{key}"])
         got = item[key]
@@ -44,10 +59,9 @@ def assert_item_is_golden(item: dict, index: int, keys, tasks, recorded) -> None
 @pytest.mark.parametrize("name", DATASETS)
 def test_every_index_equals_lerobot(golden_path, golden_delta_timestamps, name, delta):
     keys, tasks, recorded = expected_items(golden_path(name), delta)
-    source = LeRobotSource(
-        str(golden_path(name)), delta_timestamps=golden_delta_timestamps if delta else None
-    )
-    assert len(source) == len(tasks) == FRAMES
+    deltas = delta_timestamps_of(recorded, golden_delta_timestamps) if delta else None
+    source = LeRobotSource(str(golden_path(name)), delta_timestamps=deltas)
+    assert len(source) == len(tasks) == FRAMES.get(name, 74)
     for index in range(len(source)):
         assert_item_is_golden(source[index], index, keys, tasks, recorded)
 
@@ -57,22 +71,37 @@ def test_every_index_equals_lerobot(golden_path, golden_delta_timestamps, name, 
 def test_shards_equal_lerobot(golden_path, shards, golden_delta_timestamps, name, delta):
     """A whole shuffled epoch of the converted dataset: every index once, each LeRobot's item."""
     keys, tasks, recorded = expected_items(golden_path(name), delta)
-    ds = ShardedLeRobotDataset(
-        shards(name), buffer_size=3, delta_timestamps=golden_delta_timestamps if delta else None
-    )
+    deltas = delta_timestamps_of(recorded, golden_delta_timestamps) if delta else None
+    ds = ShardedLeRobotDataset(shards(name), buffer_size=3, delta_timestamps=deltas)
     order = []
     for item in ds:
         index = int(item["index"])
         assert_item_is_golden(item, index, keys, tasks, recorded)
         order.append(index)
-    assert sorted(order) == list(range(FRAMES)) and order != sorted(order)
+    assert sorted(order) == list(range(FRAMES.get(name, 74))) and order != sorted(order)
+
+
+def test_rows_in_another_order_are_read_in_the_features_order(av1, golden_path, tmp_path):
+    """LeRobot reads the rows in the features' order, whatever the parquet's (its annotator
+    appends the language columns at the end): an item's keys follow the features."""
+    keys, tasks, recorded = expected_items(golden_path("av1_multifile"), False)
+    parts = take_apart(av1)
+    for row in range(len(parts.rows)):
+        table = parts.table(row)
+        parts.set_table(row, table.select(table.column_names[::-1]))
+    put_together(parts, tmp_path / "reversed")
+    items = list(ShardedLeRobotDataset(tmp_path / "reversed", buffer_size=3))
+    assert sorted(int(item["index"]) for item in items) == list(range(74))
+    for item in items:
+        assert_item_is_golden(item, int(item["index"]), keys, tasks, recorded)
 
 
 @pytest.mark.parametrize("name", DATASETS)
 def test_random_access_order_equals_lerobot(golden_path, golden_delta_timestamps, name):
     """Open decoders seek back and jump across files and episodes without changing a frame."""
     keys, tasks, recorded = expected_items(golden_path(name), True)
-    source = LeRobotSource(str(golden_path(name)), delta_timestamps=golden_delta_timestamps)
+    deltas = delta_timestamps_of(recorded, golden_delta_timestamps)
+    source = LeRobotSource(str(golden_path(name)), delta_timestamps=deltas)
     order = list(range(len(source))) * 2
     random.Random(0).shuffle(order)
     for index in order:
@@ -107,8 +136,8 @@ def test_return_uint8_equals_lerobots_own(golden_path, shards, name):
     )
     source = LeRobotSource(str(golden_path(name)), return_uint8=True)
     items = list(ShardedLeRobotDataset(shards(name), buffer_size=3, return_uint8=True))
-    assert sorted(int(item["index"]) for item in items) == list(range(FRAMES))
-    for item in [*items, *(source[i] for i in range(FRAMES))]:
+    assert sorted(int(item["index"]) for item in items) == list(range(74))
+    for item in [*items, *(source[i] for i in range(74))]:
         index = int(item["index"])
         expected = theirs[index]
         assert list(item) == list(expected), index

@@ -34,6 +34,7 @@ from lerobot_shards.format import (
     join,
     read_whole,
 )
+from lerobot_shards.language import LANGUAGE_COLUMNS, LanguageColumn
 
 MAX_SIDE = 16384
 """The largest frame width or height a header may declare (16K video)."""
@@ -122,6 +123,14 @@ def frame_size(feature: Mapping) -> tuple[int, int]:
     return height, width
 
 
+def row_keys(features: Mapping[str, Mapping]) -> list[str]:
+    """The columns of a dataset's rows, in the order LeRobot reads them (and an item's keys
+    follow): the features' order, the videos left out. LeRobot reads the rows through Hugging
+    Face ``datasets`` with the features, which puts the columns in their order, whatever the
+    parquet's (``lerobot-annotate`` appends its language columns at the end)."""
+    return [k for k, f in features.items() if f.get("dtype") != "video"]
+
+
 def check_rows(
     table: pa.Table,
     features: Mapping[str, Mapping],
@@ -131,18 +140,24 @@ def check_rows(
     fps: float,
     tolerance_s: float = TOLERANCE_S,
 ) -> None:
-    """An episode's rows hold exactly the features but the videos (no other column), in the
-    features' order (an item's keys follow the rows', as LeRobot's do), each of its declared
-    dtype (exactly: a float64 column is no float32 feature) and shape, no empty values, every
-    image as bytes (not a path); their ``episode_index`` and ``index`` are the header's,
-    ``frame_index`` counts 0..length-1 and ``timestamp`` is ``frame_index / fps`` within
-    ``tolerance_s`` (items must agree with what LeRobot serves, which finds video frames by
-    timestamp); every ``task_index`` names one of the dataset's ``tasks`` (by task_index), and
-    one its header names. Columnar: per episode, not per row."""
-    nulls = [name for name in table.column_names if table.column(name).null_count]
+    """An episode's rows hold exactly the features but the videos (no other column; in any
+    order: LeRobot reads them in the features' order, and so do items, :func:`row_keys`), each
+    of its declared dtype (exactly: a float64 column is no float32 feature) and shape, no empty
+    values (but in LeRobot's language columns, None where a row is empty), every image as bytes
+    (not a path), every language column one LeRobot reads (``language.py``); their
+    ``episode_index`` and ``index`` are the header's, ``frame_index`` counts 0..length-1 and
+    ``timestamp`` is ``frame_index / fps`` within ``tolerance_s`` (items must agree with what
+    LeRobot serves, which finds video frames by timestamp); every ``task_index`` names one of
+    the dataset's ``tasks`` (by task_index), and one its header names. Columnar: per episode,
+    not per row."""
+    nulls = [
+        name
+        for name in table.column_names
+        if table.column(name).null_count and name not in LANGUAGE_COLUMNS
+    ]
     if nulls:
         raise FormatError(f"{where}: the rows' {nulls} have empty values")
-    wanted = [k for k, f in features.items() if f.get("dtype") != "video"]
+    wanted = row_keys(features)
     extra = [name for name in table.column_names if name not in wanted]
     if extra:
         raise FormatError(f"{where}: the rows have columns {extra} that are not features")
@@ -158,6 +173,12 @@ def check_rows(
             if not (pa.types.is_string(typ) or pa.types.is_large_string(typ)):
                 raise FormatError(f"{where}: the rows' {key!r} is {typ}, the features say string")
             continue
+        if key in LANGUAGE_COLUMNS:
+            try:
+                LanguageColumn(table.column(key), key)
+            except ValueError as exc:
+                raise FormatError(f"{where}: {exc}") from exc
+            continue
         kind, shape = value_kind(feature, False)
         if kind not in ("float32", "int64", "bool"):
             continue
@@ -170,11 +191,6 @@ def check_rows(
                 f"{where}: the rows' {key!r} is {table.schema.field(key).type} per row, the "
                 f"features say {feature['dtype']} of shape {shape}"
             )
-    if table.column_names != wanted:
-        raise FormatError(
-            f"{where}: the rows' columns are in the order {table.column_names}, the features' "
-            f"is {wanted}"
-        )
     positions = np.arange(table.num_rows)
     expected = {
         "episode_index": np.full(table.num_rows, header.episode_index),
@@ -346,7 +362,15 @@ def check_features(features: Any, where: str) -> dict[str, dict]:
         feature = mapping(feature, where, f"feature {key!r}")
         dtype = text(feature.get("dtype"), where, f"feature {key!r} dtype")
         if dtype not in DTYPES:
-            raise FormatError(f"{where}: feature {key!r} has dtype {dtype!r}, not one of LeRobot's")
+            raise FormatError(
+                f"{where}: feature {key!r} has dtype {dtype!r}, which lerobot-shards does not "
+                f"read (it reads {', '.join(sorted(DTYPES))})"
+            )
+        if (dtype == "language") != (key in LANGUAGE_COLUMNS):
+            raise FormatError(
+                f"{where}: feature {key!r} has dtype {dtype!r}; LeRobot reads language columns "
+                f"by name, and only {list(LANGUAGE_COLUMNS)}, as dtype 'language'"
+            )
         shape = feature.get("shape")
         if not isinstance(shape, list | tuple) or not shape:
             raise FormatError(f"{where}: feature {key!r} shape must be a list, got {shape!r}")

@@ -1,7 +1,8 @@
 """Look at and verify a converted dataset: ``inspect`` summarises, ``verify`` finds damage.
 
 Both read only what the format promises (index.json, the manifest, the shards), so they check a
-dataset the way a reader will see it, whoever wrote it.
+dataset the way a reader will see it, whoever wrote it; ``inspect`` also shows what ``convert``
+found in the rows that poisons training (``poisons.json``, beside them).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from lerobot_shards.format import (
     rows_member,
     video_member,
 )
+from lerobot_shards.poisons import POISONS_FILE, Poison, parse_poisons, summary_lines
 from lerobot_shards.validate import (
     check_camera,
     check_header_cameras,
@@ -70,7 +72,9 @@ def _open(root: str, storage_options: dict | None) -> tuple[fsspec.AbstractFileS
 
 
 def inspect_dataset(root: str, storage_options: dict | None = None) -> dict[str, Any]:
-    """A summary of a converted dataset: counts, cameras and codecs, bytes, size percentiles."""
+    """A summary of a converted dataset: counts, cameras and codecs, bytes, size percentiles,
+    and what ``convert`` found that poisons training (``poisons``: None if it was not recorded,
+    a dataset converted by an earlier version)."""
     fs, path = _open(root, storage_options)
     index = read_index(fs, path)
     table = read_manifest(fs, join(path, MANIFEST_FILE))
@@ -100,7 +104,23 @@ def inspect_dataset(root: str, storage_options: dict | None = None) -> dict[str,
         "cameras": cameras,
         "episode_bytes": _percentiles(sizes),
         "episode_frames": _percentiles(lengths),
+        **_poisons(fs, path),
     }
+
+
+def _poisons(fs: fsspec.AbstractFileSystem, root: str) -> dict[str, Any]:
+    """``poisons`` and ``unchecked_episodes`` as ``poisons.json`` records them (None if the
+    dataset has no such file)."""
+    path = join(root, POISONS_FILE)
+    try:
+        data = fs.cat_file(path)
+    except FileNotFoundError:
+        return {"poisons": None, "unchecked_episodes": None}
+    try:
+        poisons, unchecked = parse_poisons(data, path)
+    except ValueError as exc:
+        raise FormatError(str(exc)) from exc
+    return {"poisons": [p.to_json() for p in poisons], "unchecked_episodes": unchecked}
 
 
 def format_inspection(summary: dict[str, Any]) -> str:
@@ -118,6 +138,19 @@ def format_inspection(summary: dict[str, Any]) -> str:
     for name, unit in (("episode_bytes", "bytes"), ("episode_frames", "frames")):
         pct = "  ".join(f"{k}={v}" for k, v in summary[name].items())
         lines.append(f"{name.replace('_', ' ')} ({unit}): {pct}")
+    if summary.get("poisons") is None:
+        lines.append("poisons: not recorded (converted by an earlier version)")
+        return "\n".join(lines)
+    found = summary_lines(
+        [Poison.from_json(p, "poisons") for p in summary["poisons"]],
+        len(summary["unchecked_episodes"]),
+    )
+    lines.append(
+        "poisons: none found"
+        if not found
+        else "poisons (LeRobot reads these; a training run may not survive them):"
+    )
+    lines += [f"  {line}" for line in found]
     return "\n".join(lines)
 
 

@@ -24,7 +24,13 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from fsspec.implementations.local import LocalFileSystem
 
+from lerobot_shards.format import FormatError
+from lerobot_shards.validate import check_features
+
 SUPPORTED_VERSIONS = ("v3.0", "v2.1")
+STORAGE_FORMATS = (None, "lerobot")
+"""``storage_format`` values of LeRobot's own parquet layout (absent: the default). LeRobot's
+main branch also reads ``"lance"``, rows stored as a Lance table, which this package does not."""
 INFO_FILE = "meta/info.json"
 STATS_FILE = "meta/stats.json"
 
@@ -209,6 +215,28 @@ class Source:
                 f"the episode table says {ep.length}"
             )
         return table
+
+    def rows_held(self, episode_index: int) -> tuple[pa.Table, np.ndarray] | None:
+        """The rows :meth:`read_rows` last read, and each row's episode, if they hold all of
+        ``episode_index``'s rows (its read read them, or one just before it read ahead): work
+        done once on them serves the many episodes a read holds. None if they do not."""
+        ep = self.episode(episode_index)
+        last = self._last_rows
+        if last is None or last[0] != ep.data_path:
+            return None
+        if self.codebase_version == "v3.0":
+            groups = self._row_group_index(ep.data_path).groups(ep.episode_index)
+            if groups is None or last[1] is None or not last[1] >= set(groups):
+                return None
+        elif last[1] is not None:
+            return None
+        table = last[2]
+        episodes = last[3]
+        if episodes is None:
+            if "episode_index" not in table.column_names:
+                return None
+            episodes = table.column("episode_index").to_numpy()
+        return table, episodes
 
     def _read_row_groups(
         self, ep: EpisodeInfo, then: Sequence[int]
@@ -515,4 +543,22 @@ def open_source(root: str, storage_options: dict | None = None) -> Source:
     for key in ("fps", "features", "data_path"):
         if key not in info:
             raise SourceError(f"{root}: {INFO_FILE} lacks {key!r}")
+    check_readable(info, f"{root}: {INFO_FILE}")
     return Source(str(root), fs, fs_root, info)
+
+
+def check_readable(info: dict[str, Any], where: str) -> None:
+    """Refuse, by name, what the reader cannot read, before anything is converted: rows stored
+    other than as LeRobot's parquet files (``storage_format``), a feature of a type the reader
+    does not know (the reader's own check of the features, ``validate.check_features``)."""
+    storage = info.get("storage_format")
+    if storage not in STORAGE_FORMATS:
+        raise SourceError(
+            f"{where}: storage_format {storage!r}: the rows are stored as {storage}, not as "
+            "LeRobot's parquet files, which are all lerobot-shards converts (storage_format "
+            "absent or 'lerobot')"
+        )
+    try:
+        check_features(info["features"], where)
+    except FormatError as exc:
+        raise SourceError(str(exc)) from exc

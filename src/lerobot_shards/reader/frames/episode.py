@@ -45,6 +45,7 @@ from lerobot_shards.validate import (
     check_tar_member,
     frame_size,
     parse_header,
+    row_keys,
 )
 
 
@@ -278,7 +279,9 @@ def load_episode(
         for key in spec.image_keys
         if key in resize
     }
-    columns = EpisodeColumns.from_table(table, spec.image_keys, sizes, image_resize)
+    columns = EpisodeColumns.from_table(
+        table.select(row_keys(features)), spec.image_keys, sizes, image_resize
+    )
 
     cameras: dict[str, CameraFrames] = {}
     for key in spec.video_keys:
