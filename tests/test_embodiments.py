@@ -355,6 +355,19 @@ def test_ranks_are_balanced_and_the_cache_serves_the_same_items(roots, monkeypat
     assert sum((parts[0] + parts[1] - epoch).values()) == 1  # 109 samples: one padded repeat
 
 
+def test_every_camera_slot_has_its_region_in_the_loaders_batch_ring(roots):
+    """Mixed batches are written into the loader's ring, a region per camera: every slot of
+    the layout has one at its size, those the first dataset lacks too (else their frames
+    would travel torch's way, one pickled copy each: 4x the CPU per sample, measured)."""
+    ds = mixture(roots)
+    ring = ShardedDataLoader(ds, batch_size=4, num_workers=2)._make_ring()
+    assert ring is not None
+    regions = {key: capacity for key, _, capacity in ring.handle.regions}
+    frame = 3 * IMAGE_SIZE[0] * IMAGE_SIZE[1]
+    assert set(regions) == {TOP, LEFT, RIGHT} and min(regions.values()) >= 4 * frame
+    assert ds.item_cameras == {slot: ("uint8", (3, *IMAGE_SIZE)) for slot in (TOP, LEFT, RIGHT)}
+
+
 def test_each_datasets_statistics_are_kept_in_its_slots(roots):
     ds = mixture(roots)
     meta = ds.meta

@@ -224,7 +224,10 @@ class ShardedLeRobotDataset(IterableDataset):
         )
         self.catalog = Catalog.open(sources, self._storage_options, options, self.is_mixture)
         members = self.catalog.members
-        self.meta = self._open_meta(members, options)
+        self.meta, self.item_cameras = self._open_meta(members, options)
+        """``meta``: the reader's metadata; ``item_cameras``: each camera key of the items, its
+        ``(dtype, shape)`` (what a batch's frames take: a target layout's slots, whichever
+        datasets fill them)."""
         self.shuffle = shuffle
         if int(seed) < 0:  # numpy's generators would refuse it only at the first iteration
             raise ValueError(f"seed must be non-negative, got {seed}")
@@ -277,24 +280,26 @@ class ShardedLeRobotDataset(IterableDataset):
 
     def _open_meta(
         self, members: Sequence[Member], options: ItemOptions
-    ) -> DatasetMeta | MixtureMeta:
-        """The reader's metadata; a mixture whose items would not batch is refused here."""
+    ) -> tuple[DatasetMeta | MixtureMeta, dict[str, tuple[str, tuple[int, ...]]]]:
+        """The reader's metadata and its items' cameras; a mixture whose items would not batch
+        is refused here."""
+        schemas = [item_schema(m.meta.features, m.spec) for m in members]
+        cameras = members[0].spec.output_camera_keys
         if self.layout is not None:
             placements = place_members(self.layout, members, options.steps, options.return_uint8)
             for member, placement in zip(members, placements, strict=True):
                 member.placement = placement
-            schemas = [
-                p.schema(item_schema(m.meta.features, m.spec))
-                for m, p in zip(members, placements, strict=True)
-            ]
+            schemas = [p.schema(s) for s, p in zip(schemas, placements, strict=True)]
+            cameras = list(self.layout.cameras)
+        item_cameras = {key: schemas[0][key] for key in cameras if key in schemas[0]}
+        if self.layout is not None:
             check_batchable(schemas, [m.root for m in members])
-            return LayoutMeta([m.meta for m in members], placements, self.layout)
+            return LayoutMeta([m.meta for m in members], placements, self.layout), item_cameras
         if not self.is_mixture:
-            return members[0].meta
-        check_batchable(
-            [item_schema(m.meta.features, m.spec) for m in members], [m.root for m in members]
-        )
-        return MixtureMeta([m.meta for m in members], [m.spec.key_map for m in members])
+            return members[0].meta, item_cameras
+        check_batchable(schemas, [m.root for m in members])
+        meta = MixtureMeta([m.meta for m in members], [m.spec.key_map for m in members])
+        return meta, item_cameras
 
     @property
     def datasets(self) -> list[Member]:
