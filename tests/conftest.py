@@ -44,6 +44,8 @@ GOLDEN: dict[str, Path] = {
     "language_none": GOLDEN_DIR,
     "v21_video": GOLDEN_V21_DIR,
     "v21_image": GOLDEN_V21_DIR,
+    "aggregated": GOLDEN_DIR,
+    "aggregated_image": GOLDEN_DIR,
 }
 """Each golden dataset's folder, which holds it and the items LeRobot returned for it."""
 

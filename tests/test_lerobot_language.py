@@ -19,14 +19,17 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 import torch
 from support.batches import assert_same_batch
+from support.mutate import put_together, take_apart
 from support.required import importorskip
 
 import lerobot_shards
 from lerobot_shards import ShardedDataLoader, ShardedLeRobotDataset
+from lerobot_shards.converter.run import ConvertError
 from lerobot_shards.format import FormatError
 
 lerobot_dataset = importorskip(
@@ -330,11 +333,26 @@ REFUSED = {
 @pytest.mark.parametrize("case", list(REFUSED))
 def test_what_the_reader_cannot_return_as_lerobot_is_refused(recorded, tmp_path, case):
     """A message field LeRobot cannot cast (it fails to load the dataset) and a float in a tool
-    call (LeRobot rounds it through pandas' JSON codec) are refused, naming the column."""
+    call (LeRobot rounds it through pandas' JSON codec) are refused, naming the column: by
+    ``convert``, which runs the reader's checks on what it writes, and by the reader, on shards
+    written without that check (the episode's rows put back as the source holds them)."""
     edit, named = REFUSED[case]
     annotated, _ = recorded["annotated"]
     root = rewritten(annotated, tmp_path / "source", "language_events", edit)
-    lerobot_shards.convert(str(root), str(tmp_path / "shards"), workers=0, progress=False)
+    with pytest.raises(ConvertError, match="language_events") as refused:
+        lerobot_shards.convert(str(root), str(tmp_path / "refused"), workers=0, progress=False)
+    assert named in str(refused.value)
+    assert not (tmp_path / "refused" / "index.json").exists()
+    good = tmp_path / "good"
+    lerobot_shards.convert(str(annotated), str(good), workers=0, progress=False)
+    parts = take_apart(good)
+    source_rows = pa.concat_tables(
+        pq.read_table(p) for p in sorted((root / "data").rglob("*.parquet"))
+    )
+    for row, entry in enumerate(parts.rows):
+        episode = source_rows.filter(pc.equal(source_rows["episode_index"], entry["episode_index"]))
+        parts.set_table(row, episode.select(parts.table(row).column_names))
+    put_together(parts, tmp_path / "shards")
     with pytest.raises(FormatError, match="language_events") as error:
         list(ShardedLeRobotDataset(tmp_path / "shards"))
     assert named in str(error.value)

@@ -19,7 +19,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from lerobot_shards.format import (
+    INDEX_FILE,
     MANIFEST_FILE,
+    DatasetIndex,
     EpisodeHeader,
     FormatError,
     ManifestRow,
@@ -42,6 +44,7 @@ from lerobot_shards.validate import (
     decode_image,
     frame_size,
     parse_header,
+    parse_index,
     read_index,
     read_manifest,
 )
@@ -166,19 +169,32 @@ def _read_header(fs: fsspec.AbstractFileSystem, root: str, row: ManifestRow) -> 
     return parse_header(data, where=f"{row.shard}:{member.name}")
 
 
+def read_dataset(
+    fs: fsspec.AbstractFileSystem, path: str, root: str, index_data: bytes | None = None
+) -> tuple[DatasetIndex, pa.Table, Any]:
+    """A converted dataset's index, manifest and metadata (``reader.meta.DatasetMeta``), read
+    and checked by the reader's own code, so ``verify``, ``convert`` and the reader agree.
+
+    ``index_data``: ``index.json``'s bytes, where the converter has not written it yet.
+    """
+    from lerobot_shards.reader.meta.metadata import read_meta  # no torch: verify runs without it
+
+    if index_data is None:
+        index = read_index(fs, path)
+    else:
+        index = parse_index(index_data, where=join(path, INDEX_FILE))
+    table = read_manifest(fs, join(path, MANIFEST_FILE))
+    return index, table, read_meta(fs, path, index, table, root)
+
+
 def verify_dataset(
     root: str, *, deep: bool = False, storage_options: dict | None = None
 ) -> list[Problem]:
     """Every problem found: checksums, tar structure, member offsets, headers, rows; with
     ``deep`` also every frame of every camera decoded and counted."""
-    from lerobot_shards.reader.meta.metadata import read_meta  # no torch: verify runs without it
-
     fs, path = _open(root, storage_options)
     try:
-        index = read_index(fs, path)
-        table = read_manifest(fs, join(path, MANIFEST_FILE))
-        # The reader's own checks of meta/info.json and the tasks: the two agree.
-        meta = read_meta(fs, path, index, table, root)
+        index, table, meta = read_dataset(fs, path, root)
     except (FormatError, FileNotFoundError) as exc:
         return [Problem(None, None, str(exc))]
     problems = []
@@ -248,7 +264,7 @@ def verify_episode(
         rows = pq.read_table(io.BytesIO(members[expected[1]]))
         if rows.num_rows != row.length:
             return [f"{expected[1]}: {rows.num_rows} rows, expected {row.length}"]
-        check_rows(rows, meta.features, header, meta.task_names, where, meta.fps)
+        rows = check_rows(rows, meta.features, header, meta.task_names, where, meta.fps)
         for key in video_keys:
             check_camera(header.cameras[key], meta.features[key], row.length, key, where)
     except FormatError as exc:

@@ -23,6 +23,7 @@ import os
 import posixpath
 import time
 import uuid
+import warnings
 from collections.abc import Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ from fsspec.implementations.local import LocalFileSystem
 from tqdm.auto import tqdm
 
 from lerobot_shards import __version__
+from lerobot_shards.converter.check import read_dataset
 from lerobot_shards.converter.cut import DEFAULT_TOLERANCE_S
 from lerobot_shards.converter.forkserver import worker_context
 from lerobot_shards.converter.job import (
@@ -60,6 +62,7 @@ from lerobot_shards.format import (
     STATS_FILE,
     TASKS_FILE,
     DatasetIndex,
+    FormatError,
     ManifestRow,
     checksum,
     join,
@@ -74,6 +77,7 @@ from lerobot_shards.poisons import (
 )
 from lerobot_shards.source import Source, open_source
 from lerobot_shards.source.location import resolve_source
+from lerobot_shards.validate import MissingStatsWarning, check_features, check_stats
 
 # ConvertError, JobArgs, convert_episode and STATE_DIR live in ``job`` (``ray_executor`` needs
 # them too) and are importable from here as well.
@@ -190,6 +194,7 @@ def convert(
         import_ray()  # before touching DEST: says how to install Ray if it is missing
     source = resolve_source(str(source))
     src = open_source(source, storage_options)
+    _check_meta(src)
     fs, root = fsspec.core.url_to_fs(str(dest), **(dest_storage_options or {}))
     root = root.rstrip("/") or "/"
     in_memory = "memory" in _protocols(fs) or "memory" in _protocols(src.fs)
@@ -300,6 +305,18 @@ def refuse_non_finite(converted: Converted, dest: str) -> None:
 # --------------------------------------------------------------------------------------------
 # options and the destination's state
 # --------------------------------------------------------------------------------------------
+
+
+def _check_meta(src: Source) -> None:
+    """The reader's checks of the features and the statistics, on the source's, before any
+    episode is converted: a problem there shows now, naming the source's file, not after the
+    last episode (what is written is checked again before index.json)."""
+    try:
+        check_features(src.features, src.path(INFO_FILE))
+        if src.stats is not None:
+            check_stats(src.stats, src.features, src.path(STATS_FILE))
+    except FormatError as exc:
+        raise ConvertError(str(exc)) from exc
 
 
 def _select(src: Source, episodes: Iterable[int] | None) -> list[int]:
@@ -514,6 +531,12 @@ def _write_dataset_files(
         video_keys=list(src.video_keys),
         manifest_checksum=checksum(manifest),
     )
+    try:  # the reader's checks of what it will read, before index.json says it may
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", MissingStatsWarning)  # _check_meta said it
+            read_dataset(fs, root, root, index.to_json())
+    except FormatError as exc:
+        raise ConvertError(str(exc)) from exc
     _put(fs, join(root, INDEX_FILE), index.to_json())
 
 

@@ -56,7 +56,8 @@ class EpisodeInfo:
     length: int
     dataset_from_index: int
     dataset_to_index: int
-    tasks: list[str]
+    tasks: list[str] | None
+    """None where the episode table names none (the rows' task_index then say them)."""
     data_path: str
     """Parquet file holding the episode's rows, relative to the root."""
     videos: dict[str, VideoSpan] = field(default_factory=dict)
@@ -154,10 +155,15 @@ class Source:
             raise SourceError(f"{self.path(relative)}: not valid JSON lines: {exc}") from exc
 
     def _read_parquet(
-        self, full: str, columns: list[str] | None = None, what: str = "file"
+        self,
+        full: str,
+        columns: list[str] | None = None,
+        what: str = "file",
+        optional: Sequence[str] = (),
     ) -> pa.Table:
         """A whole (small, metadata) parquet file, by its full path on ``self.fs``; ``columns``
-        must all be there (``what`` names the file in that error).
+        must all be there (``what`` names the file in that error), and those of ``optional``
+        that are there are read too.
 
         Through ``ParquetFile``, not ``pq.read_table``, whose dataset machinery imports pandas
         (a third of a second at every start of the converter and of each of its workers).
@@ -168,6 +174,8 @@ class Source:
                 missing = [c for c in columns or () if c not in pf.schema_arrow.names]
                 if missing:
                     raise SourceError(f"{full}: {what} lacks columns {missing}")
+                if columns is not None:
+                    columns = [*columns, *(c for c in optional if c in pf.schema_arrow.names)]
                 return pf.read(columns=columns)
         except FileNotFoundError as exc:
             raise SourceError(f"{full}: file not found") from exc
@@ -316,15 +324,20 @@ class Source:
         files = sorted(self.fs.glob(pattern))
         if not files:
             raise SourceError(f"{self.path('meta/episodes')}: no episode parquet files")
-        wanted = ["episode_index", "tasks", "length", "dataset_from_index", "dataset_to_index"]
+        wanted = ["episode_index", "length", "dataset_from_index", "dataset_to_index"]
         wanted += ["data/chunk_index", "data/file_index"]
         for key in self.video_keys:
             wanted += [f"videos/{key}/{c}" for c in _VIDEO_COLUMNS]
         # Only the columns we need: the stats/... columns are most of the bytes. The files are
         # read concurrently (pyarrow reads without the GIL; an object store answers in parallel).
         with ThreadPoolExecutor(min(16, len(files))) as pool:
-            tables = list(pool.map(lambda f: self._read_parquet(f, wanted, "episode table"), files))
-        rows = pa.concat_tables(tables).sort_by("episode_index").to_pydict()
+            # LeRobot's image-to-video conversion writes no tasks: the rows' task_index say them
+            tables = list(
+                pool.map(lambda f: self._read_parquet(f, wanted, "episode table", ["tasks"]), files)
+            )
+        table = pa.concat_tables(tables, promote_options="default").sort_by("episode_index")
+        rows = table.to_pydict()
+        no_tasks = [None] * table.num_rows
         data_tpl = self.info["data_path"]
         video_tpl = self.info.get("video_path")
         paths: dict[tuple, str] = {}  # episodes share files: format each path once
@@ -355,7 +368,7 @@ class Source:
                 length=rows["length"][i],
                 dataset_from_index=rows["dataset_from_index"][i],
                 dataset_to_index=rows["dataset_to_index"][i],
-                tasks=list(rows["tasks"][i]),
+                tasks=None if rows.get("tasks", no_tasks)[i] is None else list(rows["tasks"][i]),
                 data_path=path(
                     data_tpl,
                     chunk_index=rows["data/chunk_index"][i],

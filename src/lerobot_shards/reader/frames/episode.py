@@ -270,7 +270,7 @@ def load_episode(
         raise FormatError(f"{where}: rows parquet does not parse: {exc}") from exc
     if table.num_rows != length:
         raise FormatError(f"{where}: rows parquet has {table.num_rows} rows, expected {length}")
-    check_rows(table, features, header, tasks, where, fps, tolerance_s)
+    table = check_rows(table, features, header, tasks, where, fps, tolerance_s)
     check_header_cameras(header, features, where)
     sizes = {key: frame_size(features[key]) for key in spec.image_keys}
     resize = dict(resize or {})
