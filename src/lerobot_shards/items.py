@@ -75,6 +75,9 @@ class EpisodeColumns:
     image_sizes: dict[str, tuple[int, int]] = field(default_factory=dict)
     """Per image feature, its (height, width): a decoded image of another size is refused
     (shards; a LeRobot source leaves it empty)."""
+    image_channels: dict[str, int] = field(default_factory=dict)
+    """Per image feature, its channels: an image of other bands is refused (shards; a LeRobot
+    source leaves it empty)."""
     image_resize: dict[str, Callable[[np.ndarray], np.ndarray]] = field(default_factory=dict)
     """Per image feature, what resizes its decoded HWC images (a mixture's target layout)."""
 
@@ -84,6 +87,8 @@ class EpisodeColumns:
         table: pa.Table,
         image_keys: Sequence[str] = (),
         image_sizes: Mapping[str, tuple[int, int]] | None = None,
+        *,
+        image_channels: Mapping[str, int] | None = None,
         image_resize: Mapping[str, Callable[[np.ndarray], np.ndarray]] | None = None,
     ) -> EpisodeColumns:
         tensors: dict[str, torch.Tensor] = {}
@@ -104,11 +109,19 @@ class EpisodeColumns:
             else:
                 tensors[name] = torch.from_numpy(array)
         sizes = dict(image_sizes or {})
+        channels = dict(image_channels or {})
         resize = dict(image_resize or {})
         return cls(
-            list(table.column_names), tensors, images, others, table.num_rows, language, sizes,
+            list(table.column_names),
+            tensors,
+            images,
+            others,
+            table.num_rows,
+            language,
+            sizes,
+            channels,
             resize,
-        )  # fmt: skip
+        )
 
     def value(self, name: str, positions: int | np.ndarray) -> object:
         """The column at one row position (0-dim / per-row shape) or stacked over several."""
@@ -135,7 +148,8 @@ class EpisodeColumns:
         cell = self.images[name][position]
         if not isinstance(cell, torch.Tensor):
             size = self.image_sizes.get(name)
-            array = decode_image(cell, size, allow_path=size is None)
+            channels = self.image_channels.get(name)
+            array = decode_image(cell, size, allow_path=size is None, channels=channels)
             if name in self.image_resize:
                 array = self.image_resize[name](array)
             cell = torch.from_numpy(array).permute(2, 0, 1).contiguous()

@@ -43,6 +43,7 @@ from lerobot_shards.validate import (
     check_header_matches,
     check_rows,
     check_tar_member,
+    frame_channels,
     frame_size,
     parse_header,
     row_keys,
@@ -273,6 +274,7 @@ def load_episode(
     table = check_rows(table, features, header, tasks, where, fps, tolerance_s)
     check_header_cameras(header, features, where)
     sizes = {key: frame_size(features[key]) for key in spec.image_keys}
+    channels = {key: frame_channels(features[key]) for key in spec.image_keys}
     resize = dict(resize or {})
     image_resize = {
         key: functools.partial(resized_image, resize=resize[key])
@@ -280,7 +282,11 @@ def load_episode(
         if key in resize
     }
     columns = EpisodeColumns.from_table(
-        table.select(row_keys(features)), spec.image_keys, sizes, image_resize
+        table.select(row_keys(features)),
+        spec.image_keys,
+        sizes,
+        image_channels=channels,
+        image_resize=image_resize,
     )
 
     cameras: dict[str, CameraFrames] = {}
