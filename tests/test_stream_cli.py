@@ -144,7 +144,7 @@ def test_cli_streams_through_a_layout(converted: Path, tmp_path: Path):
         '"observation.images.cam_high": "observation.images.top", '
         '"observation.images.cam_left_wrist": null}}}}'
     )
-    args = ["stream", str(converted), "--workers", "0", "--interval", "1000"]
+    args = ["stream", str(converted), "--num-workers", "0", "--interval", "1000"]
     result = CliRunner().invoke(main, [*args, "--layout", str(layout)])
     assert result.exit_code == 0, result.output
     assert "epoch 0 coverage 74/74 (100.0%)" in result.output
