@@ -57,12 +57,14 @@ def cached_dataset(
     data_files_size_in_mb: float = 100,
     video_files_size_in_mb: float = 200,
     video_variants: int | None = None,
+    **factory_options: object,
 ) -> Path:
     """A LeRobot v3.0 dataset from the test factory at ``cache/name``, generated on first use.
 
     Video is encoded as LeRobot encodes it (AV1, GOP 2, crf 30); the file-size limits default
     to LeRobot's, so episodes share large video files as in a real recording.
-    ``video_variants``: see ``make_dataset`` (equal-length episodes share encodings).
+    ``video_variants``: see ``make_dataset`` (equal-length episodes share encodings), as are
+    ``factory_options`` (robots of other shapes: ``state_names``, ``robot_type``, ...).
     """
     from lerobot_shards.testing.factory import make_dataset
 
@@ -87,6 +89,7 @@ def cached_dataset(
         data_files_size_in_mb=data_files_size_in_mb,
         video_files_size_in_mb=video_files_size_in_mb,
         video_variants=video_variants,
+        **factory_options,
     )
     (root / DONE).write_text("ok\n")
     print(f"generated in {time.perf_counter() - started:.0f} s", flush=True)

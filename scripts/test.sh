@@ -10,7 +10,8 @@
 # columns recorded and annotated with LeRobot's own tools against its items, batches and trainer,
 # depth cameras recorded with LeRobot's own API against its items, the datasets every tool of
 # LeRobot's makes (lerobot-edit-dataset's operations, aggregate_datasets, add_features, the
-# quantile stats, the v2.1 to v3.0 script) read as LeRobot reads them).
+# quantile stats, the v2.1 to v3.0 script) read as LeRobot reads them, frames resized under PyAV
+# 15, and lerobot-shards train on three robots through a target layout).
 # LEROBOT_ENV=0 skips the second run. Each run names the optional components it requires
 # (LEROBOT_SHARDS_REQUIRE, tests/support/required.py): their tests fail, never skip, if one is
 # missing; every skip is listed, with its reason, at the end of each run (-ra in pyproject.toml).
@@ -45,5 +46,6 @@ if [ "${LEROBOT_ENV:-1}" != 0 ]; then
     tests/test_accelerate_guard.py tests/test_train_arguments.py tests/test_http.py \
     tests/test_source_location.py tests/test_lerobot_train_cache.py tests/test_lerobot_train_datasets.py \
     tests/test_lerobot_language.py tests/test_lerobot_tools.py tests/test_lerobot_depth.py \
+    tests/test_resize.py tests/test_lerobot_train_embodiments.py \
     "tests/test_warm_start.py::test_a_warm_up_is_not_claimed_after_a_setting_changes[video_backend]"
 fi

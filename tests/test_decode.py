@@ -10,11 +10,13 @@ import av
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 from support.required import import_error
 
 from lerobot_shards.reader.frames.decode import DecodeError, Video, check_backend
 from lerobot_shards.reader.frames.episode import CameraFrames
 from lerobot_shards.reader.frames.frame_cache import FrameCache
+from lerobot_shards.reader.frames.resize import Resize
 
 VIDEO = "av1_multifile/videos/observation.images.cam_high/chunk-000/file-000.mp4"
 HAS_TORCHCODEC = import_error("torchcodec") is None
@@ -258,3 +260,18 @@ def test_torchcodec_missing_is_a_clear_error(mp4):
 def test_torchcodec_frames(mp4, reference):
     frames = decode_all(Video(mp4, length=1, skip_frames=12, backend="torchcodec"), [0])
     assert frames[0].dtype == torch.uint8 and frames[0].shape == (40, 56, 3)
+
+
+@pytest.mark.skipif(not HAS_TORCHCODEC, reason="torchcodec does not import here")
+def test_torchcodec_frames_are_resized_by_pillow(mp4):
+    """A target layout's resize with the torchcodec backend: its RGB frames through Pillow's
+    bilinear filter (``frames/resize.py``), the arithmetic stated for them."""
+    resize = Resize(24, 40, "pad")
+    native = decode_all(Video(mp4, length=13, backend="torchcodec"), range(13))
+    resized = decode_all(Video(mp4, length=13, backend="torchcodec", resize=resize), range(13))
+    top, left, rows, columns = resize.inner(40, 56)
+    for position, frame in native.items():
+        picture = Image.fromarray(frame.numpy()).resize((columns, rows), Image.BILINEAR)
+        expected = np.zeros((24, 40, 3), np.uint8)
+        expected[top : top + rows, left : left + columns] = np.asarray(picture)
+        assert np.array_equal(resized[position].numpy(), expected), position

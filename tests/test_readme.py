@@ -27,6 +27,7 @@ from support.required import importorskip
 
 from lerobot_shards import convert
 from lerobot_shards.demo import make_demo_dataset
+from lerobot_shards.testing import make_dataset
 
 ROOT = Path(__file__).parent.parent
 README = ROOT / "README.md"
@@ -38,6 +39,7 @@ PAGES = [
     "docs/depth.md",
     "docs/checkpoints.md",
     "docs/mixtures.md",
+    "docs/embodiments.md",
     "docs/storage.md",
 ]
 # Code that cannot run here, by a string it holds, and why.
@@ -49,6 +51,11 @@ SETUP = ("bash scripts/", "source .venv/bin/activate")
 """Shell lines that make the environment these tests run in."""
 LEROBOT_ENV = ".venv-lerobot/bin/"
 BIN = Path(sys.executable).parent
+ROBOTS = {  # docs/embodiments.md's robots, small: (cameras, joints, fps, robot_type)
+    "so100": (["laptop", "phone"], 6, 30, "so100"),
+    "aloha": (["cam_high", "cam_low", "cam_left_wrist", "cam_right_wrist"], 14, 50, "aloha"),
+    "pusht": ([None], 2, 10, ""),
+}
 
 
 def code_blocks(page: str, languages: tuple[str, ...] = ("python",)) -> list[tuple[int, str, str]]:
@@ -109,13 +116,23 @@ def lerobot_env_lines() -> list[str]:
 def users_folder(tmp_path, s3_server, golden_path) -> Path:
     """A folder holding what ``bash scripts/demo.sh`` leaves: the demo's sample dataset and its
     conversion; the golden depth dataset converted at ``shards/depth`` (what docs/depth.md's
-    snippet reads); and an S3 bucket ``my-bucket``."""
+    snippet reads); docs/embodiments.md's three robots, small, under ``robots/``; and an S3
+    bucket ``my-bucket``."""
     make_demo_dataset(tmp_path / "demo-output/lerobot")
     convert(str(tmp_path / "demo-output/lerobot"), str(tmp_path / "demo-output/shards"),
             workers=0, progress=False)  # fmt: skip
     convert(
         str(golden_path("depth_video")), str(tmp_path / "shards/depth"), workers=0, progress=False
     )
+    for name, (cameras, joints, fps, robot) in ROBOTS.items():
+        keys = [f"observation.images.{c}" if c else "observation.image" for c in cameras]
+        names = [f"joint_{j}" for j in range(joints)]
+        source = tmp_path / "robot-sources" / name
+        make_dataset(
+            source, episode_lengths=[8] * 3, fps=fps, robot_type=robot,
+            cameras=dict.fromkeys(keys, (24, 32)), state_names=names, action_names=names,
+        )  # fmt: skip
+        convert(str(source), str(tmp_path / "robots" / name), workers=0, progress=False)
     s3_server.direct_filesystem.call_s3("create_bucket", Bucket="my-bucket")
     return tmp_path
 

@@ -153,3 +153,22 @@ def test_cli_depth_output_unit_reaches_the_reader(shards, monkeypatch, unit: str
     assert result.exit_code == 0, result.output
     assert [ds.spec.depth_output_unit for ds in opened] == [unit]
     assert "done: 56 samples" in result.output
+
+
+def test_cli_streams_through_a_layout(converted: Path, tmp_path: Path):
+    """``--layout``: the items mapped into a target layout (docs/embodiments.md); a layout
+    that does not parse is refused naming the option."""
+    layout = tmp_path / "layout.json"
+    layout.write_text(
+        '{"vectors": {"action": 8}, "cameras": ["observation.images.top"], '
+        '"image_size": [16, 24], "embodiments": {"golden_arm": {"key_map": {'
+        '"observation.images.cam_high": "observation.images.top", '
+        '"observation.images.cam_left_wrist": null}}}}'
+    )
+    args = ["stream", str(converted), "--num-workers", "0", "--interval", "1000"]
+    result = CliRunner().invoke(main, [*args, "--layout", str(layout)])
+    assert result.exit_code == 0, result.output
+    assert "epoch 0 coverage 74/74 (100.0%)" in result.output
+    layout.write_text('{"vectors": {"action": 8}, "resize": "crop"}')
+    result = CliRunner().invoke(main, [*args, "--layout", str(layout)])
+    assert result.exit_code != 0 and "--layout" in result.output and "crop" in result.output

@@ -100,8 +100,8 @@ def test_the_loader_warms_up_only_where_its_processes_live_on(av1, workers, pers
     assert (ds.warm_draws > 0) == warm
 
 
-def _action_plus_1000(episode: int, frame: int) -> np.ndarray:
-    return content.action_value(episode, frame) + np.float32(1000)
+def _action_plus_1000(episode: int, frame: int, dims: int = 4) -> np.ndarray:
+    return content.action_value(episode, frame, dims) + np.float32(1000)
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,8 @@ _LAZY = {
     "convert": "lerobot_shards.converter.run",
     "ShardedLeRobotDataset": "lerobot_shards.reader.loading.dataset",
     "DatasetRoot": "lerobot_shards.reader.meta.catalog",
+    "TargetLayout": "lerobot_shards.reader.meta.embodiment",
+    "Embodiment": "lerobot_shards.reader.meta.embodiment",
     "ShardedDataLoader": "lerobot_shards.reader.loading.loader",
     "collate": "lerobot_shards.reader.batches.collate",
     "to_device": "lerobot_shards.reader.loading.device_feed",

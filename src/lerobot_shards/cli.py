@@ -120,6 +120,14 @@ WEIGHTS = click.option(
     help="A mixture's weights, one per dataset, e.g. 2,1,1: each dataset's share of an epoch's "
     "samples.",
 )
+LAYOUT = click.option(
+    "--layout",
+    "layout_file",
+    type=click.Path(exists=True, dir_okay=False),
+    show_default="none: each dataset's own items",
+    help="A target layout (JSON, or YAML with PyYAML) every dataset is mapped into: a mixture "
+    "across robots (docs/embodiments.md).",
+)
 AS_JSON = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 CACHE_DIR = click.option(
     "--cache-dir",
@@ -327,6 +335,29 @@ def verify(root: str, deep: bool, storage_options: dict) -> None:
     click.echo(f"{root}: ok")
 
 
+def layout_settings(layout_file: str | None, embodiments: str | None, count: int) -> dict:
+    """``--layout`` read and checked now (its content, not its path, goes into checkpoints)
+    and ``--embodiments``, one per root."""
+    if layout_file is None:
+        if embodiments is not None:
+            raise click.BadParameter("embodiments need a --layout", param_hint="--embodiments")
+        return {}
+    from lerobot_shards.reader.meta.embodiment import TargetLayout
+
+    try:
+        layout = TargetLayout.load(layout_file).to_dict()
+    except (ValueError, ImportError) as exc:
+        raise click.BadParameter(str(exc), param_hint="--layout") from exc
+    names = None
+    if embodiments is not None:
+        names = embodiments.split(",")
+        if len(names) != count or not all(names):
+            raise click.BadParameter(
+                f"{embodiments!r}: one name per --shards ({count})", param_hint="--embodiments"
+            )
+    return {"layout": layout, "embodiments": names}
+
+
 def parse_weights(spec: str | None, count: int) -> list[float] | None:
     """``"2,1,1"`` -> ``[2.0, 1.0, 1.0]``, one weight per root."""
     if spec is None:
@@ -401,6 +432,7 @@ def parse_weights(spec: str | None, count: int) -> list[float] | None:
 )
 @cache_options
 @storage_options()
+@LAYOUT
 @click.option(
     "--report",
     "report_path",
@@ -415,7 +447,7 @@ def stream(
     buffer_size: int, byte_budget_gb: float | None, uint8: bool, depth_output_unit: str,
     seed: int, decode_threads: int | None, interval: float, mixed_batches: bool,
     cache: bool | None, cache_dir: str | None, cache_limit_gb: float | None,
-    node_affinity: bool | None, storage_options: dict,
+    node_affinity: bool | None, storage_options: dict, layout_file: str | None,
     report_path: str | None,
 ) -> None:  # fmt: skip
     """Stream the converted dataset at ROOT (several ROOTS: their mixture) through a
@@ -442,6 +474,8 @@ def stream(
             "depth_output_unit": depth_output_unit,
             **cache_settings(cache, cache_dir, cache_limit_gb, node_affinity),
         }
+        if layout_file is not None:
+            options["layout"] = layout_settings(layout_file, None, len(roots))["layout"]
         log = None
         if report_path is not None:
             from lerobot_shards.report import MemorySampler, RunLog
@@ -517,14 +551,21 @@ def lerobot_version() -> str | None:
     help="A converted dataset (folder or fsspec URL); repeat it for a mixture.",
 )
 @WEIGHTS
+@LAYOUT
+@click.option(
+    "--embodiments",
+    show_default="each dataset's robot_type",
+    help="Each --shards' embodiment under --layout, e.g. so100,aloha,pusht.",
+)
 @storage_options()
 @BUFFER_SIZE
 @BYTE_BUDGET
 @cache_options
 @click.pass_context
 def train(
-    ctx: click.Context, roots: tuple[str, ...], weights: str | None, storage_options: dict,
-    buffer_size: int, byte_budget_gb: float | None, cache: bool | None, cache_dir: str | None,
+    ctx: click.Context, roots: tuple[str, ...], weights: str | None, layout_file: str | None,
+    embodiments: str | None, storage_options: dict, buffer_size: int,
+    byte_budget_gb: float | None, cache: bool | None, cache_dir: str | None,
     cache_limit_gb: float | None, node_affinity: bool | None,
 ) -> None:  # fmt: skip
     """Train with LeRobot 0.6.1's own trainer, lerobot-train, on shards: every other argument
@@ -562,7 +603,10 @@ def train(
             buffer_size=buffer_size,
             byte_budget_gb=byte_budget_gb,
             **cache_settings(cache, cache_dir, cache_limit_gb, node_affinity),
+            **layout_settings(layout_file, embodiments, len(roots)),
         )
+    elif layout_file or embodiments:
+        raise click.BadParameter("--layout and --embodiments go with --shards")
     try:
         run_train(shards, ctx.args)
     except RefusedArgument as exc:

@@ -83,6 +83,8 @@ class EpisodeColumns:
     source leaves it empty)."""
     depth_images: dict[str, DepthImage] = field(default_factory=dict)
     """The image features that are depth maps, and how their cells become depth."""
+    image_resize: dict[str, Callable[[np.ndarray], np.ndarray]] = field(default_factory=dict)
+    """Per image feature, what resizes its decoded HWC images (a mixture's target layout)."""
 
     @classmethod
     def from_table(
@@ -93,6 +95,7 @@ class EpisodeColumns:
         *,
         image_channels: Mapping[str, int] | None = None,
         depth_images: Mapping[str, DepthImage] | None = None,
+        image_resize: Mapping[str, Callable[[np.ndarray], np.ndarray]] | None = None,
     ) -> EpisodeColumns:
         tensors: dict[str, torch.Tensor] = {}
         images: dict[str, list] = {}
@@ -114,6 +117,7 @@ class EpisodeColumns:
         sizes = dict(image_sizes or {})
         channels = dict(image_channels or {})
         depth = dict(depth_images or {})
+        resize = dict(image_resize or {})
         return cls(
             list(table.column_names),
             tensors,
@@ -124,6 +128,7 @@ class EpisodeColumns:
             sizes,
             channels,
             depth,
+            resize,
         )
 
     def value(self, name: str, positions: int | np.ndarray) -> object:
@@ -157,6 +162,8 @@ class EpisodeColumns:
             else:
                 channels = self.image_channels.get(name)
                 array = decode_image(cell, size, allow_path=size is None, channels=channels)
+                if name in self.image_resize:
+                    array = self.image_resize[name](array)
                 cell = torch.from_numpy(array).permute(2, 0, 1).contiguous()
             self.images[name][position] = cell
         return cell
@@ -215,6 +222,9 @@ class ItemSpec:
     """The cameras that are depth maps: their frames come float32 in ``depth_output_unit``
     (dequantized by the decoder, converted by ``EpisodeColumns``) and no transform touches them."""
     depth_output_unit: str = "mm"
+    uint8_images: bool = False
+    """Image features too are uint8 with ``return_uint8`` (a mixture's target layout, whose
+    camera slots each have one dtype), not float32 as LeRobot gives them."""
 
     @property
     def camera_keys(self) -> list[str]:
@@ -260,9 +270,10 @@ class ItemSpec:
                 row[name] = columns.value(name, queries[name])
             else:
                 row[name] = columns.value(name, position)
+        uint8_images = self.return_uint8 and self.uint8_images
         for key in self.image_keys:  # LeRobot makes image features float32 whatever
             if key in row and key not in self.depth_keys:  # return_uint8: video frames only
-                row[key] = frames_to_output(row[key], False)
+                row[key] = frames_to_output(row[key], uint8_images)
         item: dict[str, object] = {}
         for key in self.video_keys:
             video = frames[key]

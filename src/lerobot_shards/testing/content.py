@@ -27,14 +27,15 @@ EPISODE_BITS = 3
 WHITE, BLACK = 240, 15
 
 
-def state_value(episode: int, frame: int) -> np.ndarray:
-    """``observation.state`` of a frame: ``100*episode + frame + j/4`` for j in 0..3, float32."""
-    return (100.0 * episode + frame + np.arange(4) / 4.0).astype(np.float32)
+def state_value(episode: int, frame: int, dims: int = 4) -> np.ndarray:
+    """``observation.state`` of a frame: ``100*episode + frame + j/4`` for j in 0..dims-1
+    (4 by default, as the golden recording), float32."""
+    return (100.0 * episode + frame + np.arange(dims) / 4.0).astype(np.float32)
 
 
-def action_value(episode: int, frame: int) -> np.ndarray:
-    """``action`` of a frame: the state minus 0.25, float32."""
-    return (state_value(episode, frame) - np.float32(0.25)).astype(np.float32)
+def action_value(episode: int, frame: int, dims: int = 4) -> np.ndarray:
+    """``action`` of a frame: the state (of ``dims`` dims) minus 0.25, float32."""
+    return (state_value(episode, frame, dims) - np.float32(0.25)).astype(np.float32)
 
 
 def frame_content(

@@ -94,13 +94,19 @@ def make_dataset(
     video_variants: int | None = None,
     encoder: vid.Encoder = vid.LEROBOT,
     continuous_video: bool = False,
+    state_names: Sequence[str] = JOINTS,
+    action_names: Sequence[str] = JOINTS,
+    robot_type: str = ROBOT_TYPE,
 ) -> Path:
     """Write a LeRobot dataset at ``root`` (which must not exist or be empty) and return its path.
 
     ``cameras`` maps feature keys to (height, width); ``video=False`` stores them as PNG images in
     the parquet instead. ``tasks`` gives one task string per episode. Frames are
     ``frame_content(episode, frame, height, width, content, seed)``; ``observation.state`` is
-    ``state_value(episode, frame)`` and ``action`` is that minus 0.25.
+    ``state_value(episode, frame, dims)`` and ``action`` is ``action_value(episode, frame,
+    dims)`` (the state minus 0.25), ``dims`` the length of ``state_names`` and
+    ``action_names`` (the features' ``names``; 4 joints by default). ``robot_type`` goes into
+    ``info.json``: robots of other shapes for mixtures across embodiments.
 
     ``video_variants=k`` (v3.0; for benchmarks, where encoding hundreds of long episodes would
     take hours): episodes of equal length and equal ``episode % k`` share one encoding per
@@ -155,7 +161,12 @@ def make_dataset(
         video_variants=video_variants,
         encoder=encoder,
         continuous_video=bool(continuous_video),
+        state_names=[str(n) for n in state_names],
+        action_names=[str(n) for n in action_names],
+        robot_type=str(robot_type),
     )
+    if not spec.state_names or not spec.action_names:
+        raise ValueError("state_names and action_names need at least one name each")
     root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=root, prefix=".factory-") as scratch:
         if version == "v3.0":
@@ -188,6 +199,9 @@ class _Spec:
     video_variants: int | None
     encoder: vid.Encoder
     continuous_video: bool
+    state_names: list[str]
+    action_names: list[str]
+    robot_type: str
 
     def frames(self, episode: int, camera: str, sampler: st.Sampler) -> Iterator[np.ndarray]:
         """The camera's frames for this episode, showing each to ``sampler`` for statistics."""
@@ -210,8 +224,8 @@ def _features(spec: _Spec) -> dict[str, dict]:
             "shape": [h, w, 3],
             "names": ["height", "width", "channels"],
         }
-    for key in ("observation.state", "action"):
-        features[key] = {"dtype": "float32", "shape": [4], "names": list(JOINTS)}
+    for key, names in (("observation.state", spec.state_names), ("action", spec.action_names)):
+        features[key] = {"dtype": "float32", "shape": [len(names)], "names": list(names)}
     features["timestamp"] = {"dtype": "float32", "shape": [1], "names": None}
     for key in ("frame_index", "episode_index", "index", "task_index"):
         features[key] = {"dtype": "int64", "shape": [1], "names": None}
@@ -258,10 +272,13 @@ def _rows(
                 {"bytes": _png(image), "path": f"frame-{i:06d}.png"}
                 for i, image in enumerate(spec.frames(episode, key, samplers[key]))
             ]
-    state = np.stack([state_value(episode, f) for f in frames])
-    action = np.stack([action_value(episode, f) for f in frames])
-    columns["observation.state"] = pa.FixedSizeListArray.from_arrays(pa.array(state.ravel()), 4)
-    columns["action"] = pa.FixedSizeListArray.from_arrays(pa.array(action.ravel()), 4)
+    state_dims, action_dims = len(spec.state_names), len(spec.action_names)
+    state = np.stack([state_value(episode, f, state_dims) for f in frames])
+    action = np.stack([action_value(episode, f, action_dims) for f in frames])
+    columns["observation.state"] = pa.FixedSizeListArray.from_arrays(
+        pa.array(state.ravel()), state_dims
+    )
+    columns["action"] = pa.FixedSizeListArray.from_arrays(pa.array(action.ravel()), action_dims)
     columns["timestamp"] = np.array([f / spec.fps for f in frames], dtype=np.float32)
     columns["frame_index"] = frames.astype(np.int64)
     columns["episode_index"] = np.full(n, episode, dtype=np.int64)
@@ -633,7 +650,7 @@ def _write_v30_meta(spec: _Spec, total: dict[str, st.Stats]) -> None:
             "video_files_size_in_mb": spec.video_mb,
             "data_path": V30_DATA_PATH,
             "video_path": V30_VIDEO_PATH if spec.video else None,
-            "robot_type": ROBOT_TYPE,
+            "robot_type": spec.robot_type,
             "splits": {"train": f"0:{len(spec.lengths)}"},
         },
     )
@@ -739,7 +756,7 @@ def _write_v21(spec: _Spec) -> None:
         spec.root / "meta/info.json",
         {
             "codebase_version": "v2.1",
-            "robot_type": ROBOT_TYPE,
+            "robot_type": spec.robot_type,
             "total_episodes": num,
             "total_frames": spec.starts[-1],
             "total_tasks": len(spec.task_index),

@@ -11,6 +11,11 @@ statistics in millimetres or metres), ``--dataset.use_imagenet_stats``, and
 ``ceil(n * eval_split)`` episodes of each task held out, as LeRobot holds them out. A setting
 that cannot apply to the shards is refused, naming its flag.
 
+With a target layout (``--layout``, a mixture across robots: ``docs/embodiments.md``), the
+policy's features are the layout's (``LayoutMeta.features``) and its neighbours are the policy's
+delta indices as steps at each dataset's own rate (``delta_indices``), not seconds at the first
+dataset's.
+
 LeRobot's helpers are imported where they are used: the refusals, the split and ``Shards`` are
 pure, checked without LeRobot.
 """
@@ -25,6 +30,7 @@ from typing import Any
 import torch
 
 from lerobot_shards.reader.loading.dataset import ShardedLeRobotDataset
+from lerobot_shards.reader.meta.catalog import DatasetRoot
 from lerobot_shards.train.arguments import RefusedArgument
 
 
@@ -42,12 +48,23 @@ class Shards:
     cache_dir: str | None = None
     cache_limit_gb: float | None = None
     node_affinity: bool | None = None
+    layout: dict | None = None
+    """The target layout (``TargetLayout.to_dict``): kept as data, so checkpoints hold it."""
+    embodiments: Sequence[str] | None = None
+    """Each root's embodiment under the layout (None: each dataset's ``robot_type``)."""
 
     def open(self, **options: Any) -> ShardedLeRobotDataset:
         """The reader over these shards, with the item ``options`` of a LeRobot dataset."""
         mixture = len(self.roots) > 1
+        roots: list[Any] = list(self.roots)
+        if self.embodiments is not None:
+            roots = [
+                DatasetRoot(root, embodiment=embodiment)
+                for root, embodiment in zip(self.roots, self.embodiments, strict=True)
+            ]
         return ShardedLeRobotDataset(
-            list(self.roots) if mixture else self.roots[0],
+            roots if mixture else roots[0],
+            layout=self.layout,
             weights=self.weights,
             storage_options=self.storage_options,
             buffer_size=self.buffer_size,
@@ -118,7 +135,7 @@ def make_datasets(
     data = cfg.dataset
     full = shards.open(episodes=data.episodes)
     options = {
-        "delta_timestamps": resolve_delta_timestamps(cfg.trainable_config, full.meta),
+        **neighbours(resolve_delta_timestamps(cfg.trainable_config, full.meta), full, shards),
         "image_transforms": (
             ImageTransforms(data.image_transforms) if data.image_transforms.enable else None
         ),
@@ -149,6 +166,18 @@ def make_datasets(
             if ds is not None:
                 use_imagenet_stats(ds.meta)
     return train, held_out
+
+
+def neighbours(
+    delta_timestamps: dict[str, list] | None, full: ShardedLeRobotDataset, shards: Shards
+) -> dict[str, Any]:
+    """LeRobot's ``delta_timestamps`` (the policy's delta indices over the first dataset's
+    fps); under a layout, those delta indices as ``delta_indices``: steps at each dataset's
+    own rate (an action chunk of N steps whatever the fps)."""
+    if shards.layout is None or delta_timestamps is None:
+        return {"delta_timestamps": delta_timestamps}
+    fps = full.meta.fps
+    return {"delta_indices": {k: [round(t * fps) for t in v] for k, v in delta_timestamps.items()}}
 
 
 def use_imagenet_stats(meta: Any) -> None:

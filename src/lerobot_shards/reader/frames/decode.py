@@ -19,10 +19,11 @@ than a small GOP's decode), one per thread and stream configuration.
 
 Pixel values: each frame is converted to rgb24 with swscale's defaults (``rgb24.py``), which is
 what LeRobot's pyav backend returns, bit for bit; the caller may take the decoded frames as they
-are and convert each where it is wanted. Frames stay channel-last as swscale writes them; a
-channel-first copy would cost a third of the decode, and ``permute`` views serve instead. A
-depth map's frames are its 12-bit codes dequantized in the decoding thread (``depth.py``),
-decoded by PyAV whatever the backend, as LeRobot decodes them.
+are and convert each where it is wanted. A video given a :class:`~.resize.Resize` (a mixture's
+target layout) is scaled in that same conversion (``resize.py``). Frames stay channel-last as
+swscale writes them; a channel-first copy would cost a third of the decode, and ``permute``
+views serve instead. A depth map's frames are its 12-bit codes dequantized in the decoding
+thread (``depth.py``), decoded by PyAV whatever the backend, as LeRobot decodes them.
 
 GOPs, open or closed. A frame decodes from the last keyframe before it (in decode order) that
 is shown no later than it: with closed GOPs (LeRobot's AV1), its own GOP's keyframe. With open
@@ -53,7 +54,13 @@ import torch
 from lerobot_shards.format import CameraHeader, FormatError, decode_starts
 from lerobot_shards.reader.fetch.mapped import release
 from lerobot_shards.reader.frames.depth import to_depth
-from lerobot_shards.reader.frames.rgb24 import to_rgb24
+from lerobot_shards.reader.frames.resize import (
+    Resize,
+    resized_image,
+    resized_rgb24,
+    write_resized_rgb24,
+)
+from lerobot_shards.reader.frames.rgb24 import to_rgb24, write_rgb24
 from lerobot_shards.trace import COUNTERS
 from lerobot_shards.validate import check_stream
 
@@ -82,7 +89,8 @@ class Video:
     decodes from, and a stream of another size, codec or pixel format than its header's
     ``camera`` says, is a :class:`DecodeError` naming ``where``, raised here, on admission.
     ``depth``: a depth map's dequantization table (``lerobot_shards.depth``); its frames are
-    then float32 ``(H, W, 1)``, decoded by PyAV whatever ``backend`` says.
+    then float32 ``(H, W, 1)``, decoded by PyAV whatever ``backend`` says. With ``resize``,
+    every frame it gives is resized (``resize.py``).
     """
 
     def __init__(
@@ -96,6 +104,7 @@ class Video:
         backend: str = "pyav",
         where: str = "video",
         depth: np.ndarray | None = None,
+        resize: Resize | None = None,
     ) -> None:
         import av
 
@@ -107,6 +116,7 @@ class Video:
         self.depth = depth
         self.backend = "pyav" if depth is not None else backend
         self.where = where
+        self.resize = resize
         spans, pts, keys = [], [], []
         try:
             with av.open(io.BytesIO(self.data), mode="r", format="mp4") as container:
@@ -132,6 +142,13 @@ class Video:
         except (av.error.FFmpegError, IndexError) as exc:
             raise DecodeError(f"{where}: video does not decode: {exc}") from exc
         _check_count(len(spans) - skip_frames - tail_frames, length, where)
+        # Resized to fewer bytes than a decoded 4:2:0 frame (half its rgb24), frames are best
+        # held converted: a frame cache then holds more of them, and a batch slot would be
+        # written by a copy anyway (``resize.py``).
+        self.hold_converted = False
+        if resize is not None:
+            self.hold_converted = resize.height * resize.width * 3 < self.frame_bytes / 2
+            self.frame_bytes = resize.height * resize.width * 3
         span_array = np.asarray(spans, dtype=np.int64).reshape(-1, 2)
         if span_array.size and (
             span_array.min() < 0 or (span_array[:, 0] + span_array[:, 1]).max() > len(data)
@@ -186,6 +203,18 @@ class Video:
             if self._start[i] >= g and 0 <= (p := self._position[i]) < self.length
         ]
 
+    def to_rgb(self, frame: Any) -> torch.Tensor:
+        """A frame :meth:`decode` gave unconverted, as the uint8 ``(H, W, 3)`` tensor it would
+        have given converted (resized, with a ``resize``)."""
+        return to_rgb24(frame) if self.resize is None else resized_rgb24(frame, self.resize)
+
+    def write_rgb(self, frame: Any, out: torch.Tensor) -> None:
+        """Write what :meth:`to_rgb` gives for ``frame`` into ``out`` (a batch slot)."""
+        if self.resize is None:
+            write_rgb24(frame, out)
+        else:
+            write_resized_rgb24(frame, out, self.resize)
+
     def decode(self, position: int, keep: Collection[int] = (), rgb: bool = True) -> dict[int, Any]:
         """Frame ``position`` and the frames ``keep`` of its GOP (``gop_positions``), by episode
         position: uint8 ``(H, W, 3)`` tensors, or with ``rgb=False`` and the pyav backend,
@@ -232,7 +261,7 @@ class Video:
                     if self.depth is not None:
                         frames[p] = to_depth(frame, self.depth)
                     else:
-                        frames[p] = to_rgb24(frame) if rgb else frame
+                        frames[p] = self.to_rgb(frame) if rgb else frame
 
         fed, packets = first, 0
         try:
@@ -286,7 +315,11 @@ class Video:
                 batch = self._torchcodec.get_frames_in_range(lo, hi).data
             except (RuntimeError, ValueError) as exc:
                 raise DecodeError(f"{self.where}: video does not decode: {exc}") from exc
-        return {p: batch[p + self.skip - lo] for p in positions}
+        frames = {p: batch[p + self.skip - lo] for p in positions}
+        if self.resize is not None:
+            for p, frame in frames.items():
+                frames[p] = torch.from_numpy(resized_image(frame.numpy(), self.resize))
+        return frames
 
 
 _local = threading.local()

@@ -12,6 +12,7 @@ while the plan draws them soon: memory for decoded frames does not grow with the
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Hashable, Iterator, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -35,7 +36,7 @@ from lerobot_shards.reader.batches.collate import typed_item
 from lerobot_shards.reader.fetch.mapped import release
 from lerobot_shards.reader.frames.decode import Video
 from lerobot_shards.reader.frames.frame_cache import FrameCache, Key, Pending
-from lerobot_shards.reader.frames.rgb24 import to_rgb24, write_rgb24
+from lerobot_shards.reader.frames.resize import Resize, resized_image
 from lerobot_shards.validate import (
     TOLERANCE_S,
     check_camera,
@@ -128,21 +129,21 @@ class CameraFrames:
                 for p in video.gop_positions(position)
                 if p != position and cache.would_hold(self.key(p), video.frame_bytes)
             ]
-            decoded = video.decode(position, keep, rgb=out is None)
+            decoded = video.decode(position, keep, rgb=out is None or video.hold_converted)
             frame = decoded.pop(position)
             for p, other in decoded.items():
                 cache.offer(self.key(p), other, frame_nbytes(other))
             cache.offer(key, frame, frame_nbytes(frame))  # drawn again soon (delta_timestamps)
         if out is None:
             if not isinstance(frame, torch.Tensor):
-                frame = to_rgb24(frame)
+                frame = video.to_rgb(frame)
                 cache.replace(key, frame, frame.numel())  # drawn again later: convert once
             return frame
         if isinstance(frame, torch.Tensor):
             # numpy copies on this thread; torch would wake its intra-op pool (see collate.py)
             np.copyto(out.numpy(), frame.numpy())
         else:
-            write_rgb24(frame, out)
+            video.write_rgb(frame, out)
         return out
 
 
@@ -237,6 +238,7 @@ def load_episode(
     fps: float,
     tolerance_s: float = TOLERANCE_S,
     backend: str = "pyav",
+    resize: Mapping[str, Resize] | None = None,
 ) -> Episode:
     """Split an episode's bytes into members, parse its rows and demux its videos (no decoding).
 
@@ -244,7 +246,8 @@ def load_episode(
     Everything is checked against the manifest's row (``episode_index``, ``length``,
     ``dataset_from_index``), the dataset's ``features``, its ``tasks`` (by task_index) and its
     ``fps`` (``tolerance_s`` for the rows' timestamps) before it is used (``validate.py``
-    says why). Before drawing, :meth:`Episode.attach` the stream's frame cache.
+    says why). ``resize[camera]``, where given, brings that camera's frames to one size
+    (``resize.py``). Before drawing, :meth:`Episode.attach` the stream's frame cache.
     """
     where = f"{shard} (episode {episode_index})"
 
@@ -277,12 +280,19 @@ def load_episode(
     depth_images = {
         key: DepthImage.of(features[key], unit) for key in spec.image_keys if key in spec.depth_keys
     }
+    resize = dict(resize or {})
+    image_resize = {
+        key: functools.partial(resized_image, resize=resize[key])
+        for key in spec.image_keys
+        if key in resize
+    }
     columns = EpisodeColumns.from_table(
         table.select(row_keys(features)),
         spec.image_keys,
         sizes,
         image_channels=channels,
         depth_images=depth_images,
+        image_resize=image_resize,
     )
 
     cameras: dict[str, CameraFrames] = {}
@@ -302,6 +312,7 @@ def load_episode(
                 if key in spec.depth_keys
                 else None
             ),
+            resize=resize.get(key),
         )
         cameras[key] = CameraFrames(video, key)
     release(data)  # verified, parsed and demuxed: a mapped shard's pages go back to the kernel

@@ -35,7 +35,10 @@ from lerobot_shards.reader.loading.node_cache import NodeSchedule
 from lerobot_shards.reader.loading.stream import StreamOptions, decode_thread_count, stream_part
 from lerobot_shards.reader.loading.worker_epochs import WorkerEpochs
 from lerobot_shards.reader.meta.catalog import Catalog, DatasetRoot, ItemOptions, Member, as_sources
+from lerobot_shards.reader.meta.embodiment import TargetLayout
+from lerobot_shards.reader.meta.layout_meta import LayoutMeta
 from lerobot_shards.reader.meta.metadata import DatasetMeta, MixtureMeta, Selection
+from lerobot_shards.reader.meta.placement import place_members
 from lerobot_shards.reader.meta.schema import check_batchable, item_schema
 from lerobot_shards.reader.plan.elastic import Layout, Ordering, Part, Planner, node_parts
 from lerobot_shards.reader.plan.mixture import MixturePlan, samples_per_dataset
@@ -47,6 +50,7 @@ from lerobot_shards.trace import TraceWriter
 __all__ = [
     "DatasetMeta",
     "DatasetRoot",
+    "LayoutMeta",
     "MixtureMeta",
     "ShardedLeRobotDataset",
     "node_count",
@@ -128,6 +132,16 @@ class ShardedLeRobotDataset(IterableDataset):
         delta_timestamps: Neighbours to stack per key, in seconds (multiples of 1/fps), as
             LeRobot's: ``{"action": [0.0, 0.1]}`` adds ``action`` of the next frame and an
             ``action_is_pad`` mask.
+        delta_indices: Neighbours in steps (frames at each dataset's own rate), as
+            ``delta_timestamps`` gives them in seconds, with the same ``_is_pad`` masks:
+            ``{"action": range(50)}`` is a chunk of 50 steps whatever the fps.
+        layout: A target layout (a :class:`TargetLayout`, its dict, or a JSON/YAML file) every
+            dataset's items are mapped into, for mixtures across robots
+            (``docs/embodiments.md``): vectors padded into slots with masks, cameras into slots
+            (zero images where a dataset has none), frames resized as they are decoded, each
+            dataset normalised with its own statistics, and the names of each item's dataset
+            and embodiment; ``ds.meta`` is then a ``LayoutMeta``. None: each dataset's own
+            items.
         tolerance_s: How far (seconds) a ``delta_timestamps`` value may be from a multiple of
             1/fps, and a row's timestamp from ``frame_index / fps``, as LeRobot's.
         image_transforms: A callable applied to each camera frame of an item, as LeRobot's.
@@ -202,6 +216,8 @@ class ShardedLeRobotDataset(IterableDataset):
         frame_cache_gb: float = DEFAULT_FRAME_CACHE_GB,
         repeat: bool = False,
         delta_timestamps: Mapping[str, Sequence[float]] | None = None,
+        delta_indices: Mapping[str, Sequence[int]] | None = None,
+        layout: TargetLayout | Mapping[str, Any] | str | os.PathLike | None = None,
         tolerance_s: float = 1e-4,
         image_transforms: Callable[[torch.Tensor], torch.Tensor] | None = None,
         return_uint8: bool = False,
@@ -230,12 +246,16 @@ class ShardedLeRobotDataset(IterableDataset):
         self.root = [str(s.root) for s in sources] if self.is_mixture else str(sources[0].root)
         """The root as given; of a mixture, the list of roots."""
         self._storage_options = dict(storage_options or {})
+        self.layout = None if layout is None else TargetLayout.of(layout)
+        """The target layout items are mapped into (None: each dataset's own items)."""
         options = ItemOptions(
             delta_timestamps,
             tolerance_s,
             return_uint8,
             image_transforms,
-            check_unit(depth_output_unit),
+            depth_output_unit=check_unit(depth_output_unit),
+            delta_indices=delta_indices,
+            layout=self.layout,
         )
         self.catalog: Catalog = Catalog.open(
             sources, self._storage_options, options, self.is_mixture
@@ -244,14 +264,11 @@ class ShardedLeRobotDataset(IterableDataset):
         members = self.catalog.members
         self.meta: DatasetMeta | MixtureMeta
         """The dataset's metadata, as LeRobot's ``LeRobotDatasetMetadata`` gives it (a
-        mixture's: :class:`MixtureMeta`)."""
-        if self.is_mixture:
-            check_batchable(
-                [item_schema(m.meta.features, m.spec) for m in members], [m.root for m in members]
-            )
-            self.meta = MixtureMeta([m.meta for m in members], [m.spec.key_map for m in members])
-        else:
-            self.meta = members[0].meta
+        mixture's: :class:`MixtureMeta`; under a target layout: ``LayoutMeta``)."""
+        self.item_cameras: dict[str, tuple[str, tuple[int, ...]]]
+        """Each camera key of the items, its ``(dtype, shape)``: what a batch's frames take (a
+        target layout's slots, whichever datasets fill them)."""
+        self.meta, self.item_cameras = self._open_meta(members, options)
         self.shuffle = shuffle
         if int(seed) < 0:  # numpy's generators would refuse it only at the first iteration
             raise ValueError(f"seed must be non-negative, got {seed}")
@@ -301,6 +318,29 @@ class ShardedLeRobotDataset(IterableDataset):
             "peak_frame_cache_bytes": 0,
             "frames_from_cache": 0,
         }
+
+    def _open_meta(
+        self, members: Sequence[Member], options: ItemOptions
+    ) -> tuple[DatasetMeta | MixtureMeta, dict[str, tuple[str, tuple[int, ...]]]]:
+        """The reader's metadata and its items' cameras; a mixture whose items would not batch
+        is refused here."""
+        schemas = [item_schema(m.meta.features, m.spec) for m in members]
+        cameras = members[0].spec.output_camera_keys
+        if self.layout is not None:
+            placements = place_members(self.layout, members, options.steps, options.return_uint8)
+            for member, placement in zip(members, placements, strict=True):
+                member.placement = placement
+            schemas = [p.schema(s) for s, p in zip(schemas, placements, strict=True)]
+            cameras = list(self.layout.cameras)
+        item_cameras = {key: schemas[0][key] for key in cameras if key in schemas[0]}
+        if self.layout is not None:
+            check_batchable(schemas, [m.root for m in members])
+            return LayoutMeta([m.meta for m in members], placements, self.layout), item_cameras
+        if not self.is_mixture:
+            return members[0].meta, item_cameras
+        check_batchable(schemas, [m.root for m in members])
+        meta = MixtureMeta([m.meta for m in members], [m.spec.key_map for m in members])
+        return meta, item_cameras
 
     @property
     def datasets(self) -> list[Member]:

@@ -28,7 +28,6 @@ from lerobot_shards.reader.batches.collate import collate
 from lerobot_shards.reader.batches.ring import BatchRing, ring_available
 from lerobot_shards.reader.loading.dataset import ShardedLeRobotDataset
 from lerobot_shards.reader.loading.mixed import Mixing, SegmentSource, assemble
-from lerobot_shards.reader.meta.schema import item_schema
 
 WARM_DRAWS = 64
 """Draws of the next epoch a ``ShardedDataLoader``'s process warms up as its part ends."""
@@ -161,12 +160,9 @@ class ShardedDataLoader(DataLoader):
         frames of the items' shape as float32; None where shared slots are not available."""
         if not ring_available():
             return None
-        member = self.dataset.datasets[0]
-        schema = item_schema(member.meta.features, member.spec)
-        capacities = {
-            key: self.batch_size * int(np.prod(schema[key][1])) * FRAME_BYTES_BOUND
-            for key in member.spec.output_camera_keys
-            if key in schema
+        capacities = {  # every camera of the items (a target layout's slots: every dataset's)
+            key: self.batch_size * int(np.prod(shape)) * FRAME_BYTES_BOUND
+            for key, (_, shape) in self.dataset.item_cameras.items()
         }
         if not capacities:
             return None

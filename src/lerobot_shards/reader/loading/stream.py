@@ -221,6 +221,8 @@ def stream_part(
                     episode, member = ready(key)
                     slots = place() if place is not None else None
                     item = episode.item(position, member.spec, member.meta.task_names, slots)
+                    if member.placement is not None:  # a target layout's item
+                        item = member.placement.apply(item, slots)
                     drawn += 1
                     memory = fetched + cache.nbytes
                     stats["peak_resident_memory"] = max(stats["peak_resident_memory"], memory)

@@ -24,8 +24,11 @@ from lerobot_shards.depth import DEFAULT_DEPTH_UNIT, rescale_stats
 from lerobot_shards.items import ItemSpec, delta_indices
 from lerobot_shards.reader.fetch.ranged import RetryingReads, read_span
 from lerobot_shards.reader.frames.episode import Episode, load_episode
+from lerobot_shards.reader.frames.resize import Resize
+from lerobot_shards.reader.meta.embodiment import TargetLayout
 from lerobot_shards.reader.meta.metadata import DatasetMeta, Selection, read_meta
-from lerobot_shards.validate import check_totals, read_index
+from lerobot_shards.reader.meta.placement import Placement, default_name, layout_key_map
+from lerobot_shards.validate import check_totals, frame_size, read_index
 
 SpanRead = Callable[..., bytes | memoryview]
 """``read(fs, span, retries=...)``: an episode span's verified bytes (``ranged.read_span``)."""
@@ -53,12 +56,18 @@ class DatasetRoot:
         key_map: Its keys renamed onto the mixture's common names, ``{"its key": "common
             key"}``; a key mapped to None is dropped (a dropped camera is never decoded).
             Keys not named keep their names.
+        name: Under a target layout (``docs/embodiments.md``), its name in items and
+            statistics; None: the last part of ``root``.
+        embodiment: Under a target layout, its robot, whose mapping the layout gives; None:
+            its ``robot_type``, else its name.
     """
 
     root: str | os.PathLike
     episodes: Sequence[int] | None = None
     storage_options: Mapping | None = None
     key_map: Mapping[str, str | None] = field(default_factory=dict)
+    name: str | None = None
+    embodiment: str | None = None
 
 
 def as_sources(
@@ -90,6 +99,20 @@ class ItemOptions:
     return_uint8: bool
     image_transforms: Callable | None
     depth_output_unit: str = DEFAULT_DEPTH_UNIT
+    delta_indices: Mapping[str, Sequence[int]] | None = None
+    """Neighbours in steps (frames at the dataset's own rate), not seconds."""
+    layout: TargetLayout | None = None
+
+    def __post_init__(self) -> None:
+        both = sorted(set(self.delta_timestamps or {}) & set(self.delta_indices or {}))
+        if both:
+            raise ValueError(f"{both} are in both delta_timestamps and delta_indices: give one")
+
+    @property
+    def steps(self) -> dict[str, int]:
+        """How many neighbours each key with deltas stacks."""
+        deltas = {**(self.delta_timestamps or {}), **(self.delta_indices or {})}
+        return {key: len(list(values)) for key, values in deltas.items()}
 
 
 class Member:
@@ -117,24 +140,22 @@ class Member:
         if self.meta.stats is not None:  # depth maps' in the unit they are returned in
             unit = options.depth_output_unit
             self.meta.stats = rescale_stats(self.meta.stats, self.meta.features, unit)
-        key_map = dict(source.key_map)
+        self.name = source.name or default_name(self.root)
+        self.embodiment = source.embodiment or self.meta.robot_type or self.name
+        key_map = self.own_key_map = dict(source.key_map)
         unknown = sorted(set(key_map) - set(self.meta.features) - {"task"})
         if unknown:
             raise ValueError(f"key_map of {self.root}: {unknown} are not its features")
+        layout = options.layout
+        if layout is not None:  # every feature onto the layout, or left out
+            where = f"{self.root} (embodiment {self.embodiment!r})"
+            key_map = layout_key_map(layout, self.embodiment, self.meta.features, key_map, where)
         # delta_timestamps name the items' keys: through key_map, this dataset's own features
         own_key = {key_map.get(k, k): k for k in self.meta.features if key_map.get(k, k)}
         if len(own_key) != sum(1 for k in self.meta.features if key_map.get(k, k)):
             raise ValueError(f"key_map of {self.root} gives two of its features the same name")
-        deltas = dict(options.delta_timestamps or {})
-        unknown = sorted(set(deltas) - set(own_key))
-        if unknown:
-            raise ValueError(f"delta_timestamps keys {unknown} are not features of {self.root}")
-        resolved = {own_key[key]: value for key, value in deltas.items()}
         self.tolerance_s = options.tolerance_s
-        try:  # the fps is the dataset's: a delta it cannot resolve is a problem of this one
-            deltas = delta_indices(resolved, self.meta.fps, options.tolerance_s)
-        except ValueError as exc:
-            raise ValueError(f"{self.root}: {exc}") from exc
+        deltas = self._deltas(options, own_key)
         self.spec = ItemSpec(
             video_keys=[k for k in self.meta.video_keys if key_map.get(k, k) is not None],
             image_keys=list(self.meta.image_keys),
@@ -145,7 +166,45 @@ class Member:
             dataset_index=dataset_index,
             depth_keys=frozenset(self.meta.depth_keys),
             depth_output_unit=options.depth_output_unit,
+            uint8_images=layout is not None,
         )
+        resize = None if layout is None else layout.frame_resize
+        self.resize: dict[str, Resize] = {
+            key: resize
+            for key in self.spec.camera_keys
+            if resize is not None and frame_size(self.meta.features[key]) != resize.shape[:2]
+        }
+        """Each camera's resize (a layout's ``image_size``; none where it is the frames')."""
+        self.placement: Placement | None = None
+        """Where its items go in a target layout (set when the mixture is opened)."""
+
+    def _deltas(self, options: ItemOptions, own_key: Mapping[str, str]) -> dict[str, np.ndarray]:
+        """The frame offsets of ``delta_timestamps`` (resolved at this dataset's fps) and of
+        ``delta_indices``, by this dataset's own keys (``own_key``: item key to own key). A
+        layout's key this dataset lacks is left to the placement (zeros, all padding)."""
+        layout_keys = set() if options.layout is None else {
+            *options.layout.vectors, *options.layout.cameras
+        }  # fmt: skip
+        out: dict[str, np.ndarray] = {}
+        for name, given in (
+            ("delta_timestamps", options.delta_timestamps),
+            ("delta_indices", options.delta_indices),
+        ):
+            given = {  # a layout's key this dataset lacks: left to the placement
+                k: v for k, v in dict(given or {}).items() if k in own_key or k not in layout_keys
+            }
+            unknown = sorted(set(given) - set(own_key))
+            if unknown:
+                raise ValueError(f"{name} keys {unknown} are not features of {self.root}")
+            resolved = {own_key[key]: value for key, value in given.items()}
+            if name == "delta_indices":
+                out.update({k: np.asarray(list(v), dtype=np.int64) for k, v in resolved.items()})
+                continue
+            try:  # the fps is the dataset's: a delta it cannot resolve is a problem of this one
+                out.update(delta_indices(resolved, self.meta.fps, self.tolerance_s))
+            except ValueError as exc:
+                raise ValueError(f"{self.root}: {exc}") from exc
+        return out
 
     @property
     def is_local(self) -> bool:
@@ -184,6 +243,7 @@ class Member:
             fps=self.meta.fps,
             tolerance_s=self.tolerance_s,
             backend=backend,
+            resize=self.resize,
         )
 
 
@@ -212,10 +272,12 @@ class Catalog:
         options: ItemOptions,
         mixture: bool,
     ) -> Catalog:
-        """Open every source, concurrently; ``mixture`` adds ``dataset_index`` to items."""
+        """Open every source, concurrently; ``mixture`` (or a target layout) adds
+        ``dataset_index`` to items."""
+        indexed = mixture or options.layout is not None
 
         def open_one(d: int) -> Member:
-            return Member(sources[d], storage_options, options, d if mixture else None)
+            return Member(sources[d], storage_options, options, d if indexed else None)
 
         if len(sources) == 1:
             return cls([open_one(0)])

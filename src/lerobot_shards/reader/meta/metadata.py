@@ -373,8 +373,6 @@ class MixtureMeta(_FeatureViews):
     def __init__(
         self, datasets: Sequence[DatasetMeta], key_maps: Sequence[dict[str, str | None]]
     ) -> None:
-        from lerobot_shards.reader.meta.stats import aggregate_stats
-
         self.datasets = list(datasets)
         """Each dataset's own metadata, in the mixture's order."""
         self.key_maps = [dict(k) for k in key_maps]
@@ -398,14 +396,7 @@ class MixtureMeta(_FeatureViews):
         self.fps = first.fps
         """Dataset 0's frames per second."""
         self.fps_per_dataset = [d.fps for d in self.datasets]
-        with_stats = [
-            (d.stats, k) for d, k in zip(self.datasets, self.key_maps, strict=True) if d.stats
-        ]
-        self.stats = (
-            aggregate_stats([s for s, _ in with_stats], [k for _, k in with_stats])
-            if with_stats
-            else None
-        )
+        self.stats = self._combined_stats()
         """Per feature, per statistic: numpy arrays aggregated over the datasets with stats."""
         self.total_frames = sum(d.total_frames for d in self.datasets)
         """Frames of every dataset, together."""
@@ -414,6 +405,17 @@ class MixtureMeta(_FeatureViews):
         robots = {d.robot_type for d in self.datasets}
         self.robot_type = robots.pop() if len(robots) == 1 else None
         """The datasets' robot type if they share one, else None."""
+
+    def _combined_stats(self) -> dict[str, dict[str, Any]] | None:
+        """The datasets' stats under the common names, aggregated as LeRobot aggregates them."""
+        from lerobot_shards.reader.meta.stats import aggregate_stats
+
+        with_stats = [
+            (d.stats, k) for d, k in zip(self.datasets, self.key_maps, strict=True) if d.stats
+        ]
+        if not with_stats:
+            return None
+        return aggregate_stats([s for s, _ in with_stats], [k for _, k in with_stats])
 
     @property
     def has_language_columns(self) -> bool:

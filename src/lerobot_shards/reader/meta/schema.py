@@ -27,6 +27,8 @@ def item_schema(features: Mapping[str, Mapping[str, Any]], spec: ItemSpec) -> Sc
     schema: Schema = {}
     for key, feature in features.items():
         dtype, shape = value_kind(feature, spec.return_uint8)
+        if feature.get("dtype") == "image" and spec.return_uint8 and spec.uint8_images:
+            dtype = "uint8"
         if key in spec.deltas:
             steps = len(spec.deltas[key])
             shape = (steps, *shape)

@@ -1,0 +1,134 @@
+"""Camera frames brought to one size as they are decoded, for mixtures across robots.
+
+Why at decode time. A policy trained on several robots takes one image size; resizing in the
+training loop would move every full-size frame through the DataLoader first. Here a video
+frame is scaled by swscale in the same pass that converts it from YUV to RGB, in the decode
+threads of the DataLoader workers: a 480x640 frame brought to 224x224 is converted into a
+sixth of the pixels, and batches carry only those.
+
+Two policies (:class:`Resize`):
+
+- ``pad`` (keep the aspect ratio, as openpi's ``resize_with_pad``): the frame is scaled to the
+  largest size that fits, ``int(height / ratio)`` by ``int(width / ratio)`` with ``ratio =
+  max(width / W, height / H)``, and placed at ``((H - h) // 2, (W - w) // 2)`` in a black
+  (zero) frame of ``H x W``.
+- ``stretch``: scaled to ``H x W`` whatever its aspect ratio.
+
+Arithmetic: video frames (PyAV backend) by swscale's bilinear scaler, PyAV's default
+(``VideoFrame.reformat(width=, height=, format="rgb24")``); image features (PNG in the rows) and
+frames the torchcodec backend decoded, already RGB, by Pillow's bilinear filter
+(``Image.resize(..., Image.BILINEAR)``), which both widen the filter when they shrink (no
+aliasing). A frame already of the target size is not scaled.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+
+from lerobot_shards.reader.frames.rgb24 import one_thread_options
+
+POLICIES = ("pad", "stretch")
+
+_local = threading.local()  # per thread: PyAV reformatters by (source size, format, target)
+
+
+@dataclass(frozen=True)
+class Resize:
+    """The size every frame of a camera is brought to, and how.
+
+    Args:
+        height: Rows of the resized frame.
+        width: Columns of the resized frame.
+        policy: ``"pad"`` (keep the aspect ratio, black bands) or ``"stretch"``.
+    """
+
+    height: int
+    width: int
+    policy: str = "pad"
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"unknown resize policy {self.policy!r}; expected one of {POLICIES}")
+        if self.height < 1 or self.width < 1:
+            raise ValueError(f"a resize needs a positive size, got {self.height}x{self.width}")
+
+    def inner(self, height: int, width: int) -> tuple[int, int, int, int]:
+        """Where a ``height x width`` frame lands: ``(top, left, rows, columns)`` of its scaled
+        picture inside the resized frame (the whole frame with ``stretch``)."""
+        if self.policy == "stretch":
+            return 0, 0, self.height, self.width
+        ratio = max(width / self.width, height / self.height)
+        rows = max(1, min(self.height, int(height / ratio)))
+        columns = max(1, min(self.width, int(width / ratio)))
+        return (self.height - rows) // 2, (self.width - columns) // 2, rows, columns
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """The resized frame's ``(H, W, 3)``."""
+        return self.height, self.width, 3
+
+
+def resized_rgb24(frame: Any, resize: Resize) -> torch.Tensor:
+    """A decoded PyAV frame converted to RGB and resized: a new uint8 ``(H, W, 3)`` tensor."""
+    out = torch.empty(resize.shape, dtype=torch.uint8)
+    write_resized_rgb24(frame, out, resize)
+    return out
+
+
+def write_resized_rgb24(frame: Any, out: torch.Tensor, resize: Resize) -> None:
+    """Write ``frame`` converted to RGB and resized into ``out``, a C-contiguous uint8
+    ``(H, W, 3)`` tensor such as a batch slot (its bands, with ``pad``, set to zero)."""
+    top, left, rows, columns = resize.inner(frame.height, frame.width)
+    reformatter = _reformatter(frame, rows, columns)
+    rgb = reformatter.reformat(
+        frame, width=columns, height=rows, format="rgb24", **one_thread_options()
+    ).to_ndarray()
+    _place(rgb, out.numpy(), top, left)
+
+
+def resized_image(image: np.ndarray, resize: Resize) -> np.ndarray:
+    """An RGB ``(h, w, 3)`` uint8 array (a decoded image feature, or a frame torchcodec
+    decoded) resized with Pillow's bilinear filter: a new ``(H, W, 3)`` array."""
+    height, width = image.shape[:2]
+    out = np.empty(resize.shape, dtype=np.uint8)
+    top, left, rows, columns = resize.inner(height, width)
+    if (rows, columns) == (height, width):
+        scaled = image
+    else:
+        picture = Image.fromarray(np.ascontiguousarray(image))
+        scaled = np.asarray(picture.resize((columns, rows), Image.BILINEAR))
+    _place(scaled, out, top, left)
+    return out
+
+
+def _place(picture: np.ndarray, out: np.ndarray, top: int, left: int) -> None:
+    """``picture`` at ``(top, left)`` of ``out``, the rest of ``out`` zero (numpy copies on
+    this thread; torch would wake its intra-op pool)."""
+    rows, columns = picture.shape[:2]
+    if (rows, columns) != out.shape[:2]:
+        out[:top] = 0
+        out[top + rows :] = 0
+        out[top : top + rows, :left] = 0
+        out[top : top + rows, left + columns :] = 0
+    np.copyto(out[top : top + rows, left : left + columns], picture)
+
+
+def _reformatter(frame: Any, rows: int, columns: int) -> Any:
+    """This thread's PyAV reformatter for frames of ``frame``'s kind scaled to ``rows x
+    columns``: one per kind, since a reformatter reconfigures swscale whenever they change."""
+    from av.video.reformatter import VideoReformatter
+
+    reformatters = getattr(_local, "reformatters", None)
+    if reformatters is None:
+        reformatters = _local.reformatters = {}
+    key = (frame.width, frame.height, frame.format.name, rows, columns)
+    reformatter = reformatters.get(key)
+    if reformatter is None:
+        reformatter = reformatters[key] = VideoReformatter()
+    return reformatter
