@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from lerobot_shards.reader.loading.dataset import ShardedLeRobotDataset, rank_and_world_size
+from lerobot_shards.reader.loading.dataset import ShardedLeRobotDataset
 
 if TYPE_CHECKING:
     from lerobot_shards.report import RunLog
@@ -221,8 +221,7 @@ def stream(
         **dict(dataset_options or {}),
     )
     ds.num_workers = workers
-    _, world = rank_and_world_size()
-    counter = _FetchCounter(ds, world * max(1, workers))
+    counter = _FetchCounter(ds, ds._context().world_size * max(1, workers))
     shape = {key: int(np.prod(ds.meta.features[key]["shape"])) for key in ds.meta.camera_keys}
     loader = DataLoader(
         ds,

@@ -55,6 +55,7 @@ class ShardedDataLoader(DataLoader):
         # Not a generator: the workers start and the epoch is recorded here, in the caller's
         # thread, so a state taken before the first batch already counts from this epoch.
         self._delivered = 0
+        self.dataset._world()  # the ranks agree on the world before any worker copies it
         batches = super().__iter__()  # workers start here, from the dataset's next position
         if self.num_workers > 0:  # the workers iterate: the dataset records where they began
             self.dataset.begin_epoch()
