@@ -35,7 +35,7 @@ from lerobot_shards.reader.loading.world import World, current_world, worker_wor
 from lerobot_shards.reader.meta.catalog import Catalog, DatasetRoot, ItemOptions, Member, as_sources
 from lerobot_shards.reader.meta.metadata import DatasetMeta, MixtureMeta, Selection
 from lerobot_shards.reader.meta.schema import check_batchable, item_schema
-from lerobot_shards.reader.plan.elastic import Ordering, Part, Planner
+from lerobot_shards.reader.plan.elastic import Checkpoint, Ordering, Part, Planner
 from lerobot_shards.reader.plan.mixture import MixturePlan, samples_per_dataset
 from lerobot_shards.reader.plan.nodes import Nodes
 from lerobot_shards.reader.plan.partition import part_index, samples_per_part
@@ -426,7 +426,9 @@ class ShardedLeRobotDataset(IterableDataset):
             return planner.fresh_parts(ordering, num_parts, part.epoch + 1, nodes)[index]
 
         self.catalog.resolve_filesystems()
-        node = None if self.cache is None else self._node_schedule(ctx, rank)
+        node = None
+        if self.cache is not None:
+            node = self._node_schedule(ctx, cursor.origin, (part.epoch, cursor.offset))
         trace = None
         if self.trace_dir is not None:
             trace = TraceWriter(self.trace_dir, f"rank {rank} worker {ctx.worker}")
@@ -454,15 +456,26 @@ class ShardedLeRobotDataset(IterableDataset):
         if self.cache is None:
             raise ValueError("fill_cache needs a cache: pass cache=True or a cache_dir")
         ctx = self._context()
-        schedule = self._node_schedule(ctx, self._world().rank)
-        return schedule.fill(epoch, threads, progress)
+        return self._node_schedule(ctx, start=(epoch, 0)).fill(epoch, threads, progress)
 
-    def _node_schedule(self, ctx: Context, rank: int) -> NodeSchedule:
-        """When each episode is read on ``rank``'s node (every rank and worker of it)."""
+    def _node_schedule(
+        self, ctx: Context, origin: Checkpoint | None = None, start: tuple[int, int] = (0, 0)
+    ) -> NodeSchedule:
+        """When each entry is read on this rank's node (every rank and worker of it), for a
+        stream that starts at ``start`` (``(epoch, draws)``) of the rest planned from
+        ``origin`` (or of fresh epochs)."""
         on_node = self._world().node_parts(ctx.workers)
         parts = ctx.world_size * ctx.workers
         return NodeSchedule(
-            self.cache, self._planner, ctx.ordering, parts, ctx.nodes, on_node, self.catalog
+            self.cache,
+            self._planner,
+            ctx.ordering,
+            parts,
+            ctx.nodes,
+            on_node,
+            self.catalog,
+            origin=origin,
+            start=start,
         )
 
     # ------------------------------------------------------------------ layout and budget
