@@ -562,6 +562,73 @@ def test_cache_fill_makes_the_first_epoch_local(remote: Remote, tmp_path: Path):
     )
 
 
+FILL_SETTINGS = {
+    # name: (cache fill's flags, the job's dataset arguments, world size, ranks per node)
+    "no affinity on 2 nodes": (["--no-node-affinity"], {"node_affinity": False}, 4, 2),
+    "affinity on 2 nodes": ([], {}, 4, 2),
+    "9 of 16 episodes": (["--episodes", "0-8"], {"episodes": list(range(9))}, 1, 1),
+    "a weighted mixture": (["--weights", "3,1"], {"weights": [3, 1]}, 1, 1),
+    "a byte budget": (["--byte-budget-gb", "4e-5"], {"byte_budget_gb": 4e-5}, 1, 1),
+    # a checkpoint of one rank resumed on 2 (elastic: the rest of its epoch split over them)
+    "a resumed checkpoint": (["--no-node-affinity"], {"node_affinity": False}, 2, 1),
+}
+
+
+@pytest.mark.parametrize("setting", list(FILL_SETTINGS))
+def test_cache_fill_takes_the_jobs_settings(
+    remote: Remote, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, setting: str
+):
+    """``cache fill`` with each reader setting that changes the plan, as the job gives it (on
+    2 nodes a cache of 0.6 of the dataset, so node affinity is on by default; on one, one that
+    holds what the node reads): node 0's first epoch (or, resumed, the rest of it) then
+    downloads nothing."""
+    from click.testing import CliRunner
+
+    from lerobot_shards.cli import main
+
+    flags, job, world, local = FILL_SETTINGS[setting]
+    folder = tmp_path / "cache"
+    limit = (0.6 if world > 1 else 2) * remote.total / 1e9
+    mixture = setting == "a weighted mixture"
+    roots = [remote.url, remote.url] if mixture else [remote.url]
+    cache = {"cache_dir": str(folder), "cache_limit_gb": limit}
+
+    def open_rank(rank: int, world: int = world) -> ShardedLeRobotDataset:
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", str(world))
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", str(min(local, world)))
+        where = roots if mixture else roots[0]
+        return ShardedLeRobotDataset(
+            where, storage_options=remote.storage_options, **DATASET, **cache, **job
+        )
+
+    command = ["cache", "fill", *roots, "--storage-options", json.dumps(remote.storage_options)]
+    command += ["--cache-dir", str(folder), "--cache-limit-gb", str(limit), *flags]
+    command += ["--seed", str(DATASET["seed"]), "--buffer-size", str(DATASET["buffer_size"])]
+    command += ["--world-size", str(world), "--local-world-size", str(local), "--workers", "0"]
+    resumed = None
+    if setting == "a resumed checkpoint":  # a job of one rank stopped in epoch 2
+        first = open_rank(0, world=1)
+        first.set_epoch(2)
+        taken = [int(item["index"]) for _, item in zip(range(60), first, strict=False)]
+        resumed = first.state_dict()
+        (tmp_path / "state.json").write_text(json.dumps(resumed))
+        command += ["--resume", str(tmp_path / "state.json")]
+    result = CliRunner().invoke(main, command)
+    assert result.exit_code == 0, result.output
+    remote.proxy.clear()
+    read = []
+    for rank in range(local):  # node 0's ranks
+        ds = open_rank(rank)
+        if resumed is not None:
+            ds.load_state_dict(resumed)
+        read += [int(item["index"]) for item in ds]
+    assert read, "the job read its part"
+    if resumed is not None:
+        assert not set(taken) & set(read), "the rest of the epoch, nothing taken again"
+    assert remote.downloaded() == 0, f"{setting}: the first epoch downloaded"
+
+
 def test_which_roots_are_cached_by_default(remote: Remote, tmp_path: Path):
     """Remote roots are cached by default, local ones not unless a folder is given; False is
     off for any root."""

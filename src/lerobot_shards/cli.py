@@ -481,61 +481,188 @@ def open_cache(cache_dir: str | None):
 
 
 @cache.command("fill")
-@click.argument("root")
+@click.argument("roots", nargs=-1)
 @click.option(
-    "--storage-options", default="{}", help="fsspec options as JSON, as for train and stream."
+    "--resume",
+    "resume_path",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Fill what a resumed job reads first: a state it loads (a loader's state_dict as "
+    "JSON), or a lerobot-shards train checkpoint's training_state/lerobot_shards.json (its "
+    "shards and their settings too, unless ROOTS and the flags give others).",
 )
-@click.option("--cache-dir", type=click.Path(file_okay=False), help="As for train and stream.")
-@click.option("--cache-limit-gb", type=click.FloatRange(min=0, min_open=True))
-@click.option("--world-size", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--weights", help="A mixture's weights, one per ROOT, as for stream and train.")
+@click.option("--episodes", help="The job's episode selection, e.g. 0,3,5-9 (default: all).")
+@click.option(
+    "--eval-split",
+    type=click.FloatRange(0, 1, max_open=True),
+    default=0.0,
+    help="The job's --dataset.eval_split: the episodes lerobot-shards train holds out are not "
+    "read by its training loader.",
+)
+@click.option("--storage-options", help="fsspec options as JSON, as for train.")
+@click.option("--seed", type=int, help="The job's seed (default: the state's, else 0).")
+@click.option(
+    "--buffer-size",
+    type=click.IntRange(min=1),
+    help="Episodes resident in each worker's pool (default: the checkpoint's, else 64).",
+)
+@BYTE_BUDGET
+@cache_options
+@click.option(
+    "--nodes",
+    "node_sizes",
+    help="Ranks on each node, in rank order, e.g. 2,4,2 (torchrun's --nproc-per-node of each "
+    "node); or --world-size with --local-world-size.",
+)
+@click.option("--world-size", type=click.IntRange(min=1))
 @click.option(
     "--local-world-size",
     type=click.IntRange(min=1),
-    help="Ranks per node (torchrun's --nproc_per_node; default: --world-size, one node).",
+    help="Ranks per node, the same on every node (default: --world-size, one node).",
 )
 @click.option("--node-rank", type=click.IntRange(min=0), default=0, show_default=True)
 @click.option(
-    "--workers", type=click.IntRange(min=0), default=0, help="DataLoader workers per rank."
+    "--workers",
+    type=click.IntRange(min=0),
+    help="DataLoader workers per rank (default: the state's, else 0).",
 )
-@click.option("--seed", type=int, default=0, show_default=True)
-@BUFFER_SIZE
-@click.option("--epoch", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option(
+    "--epoch", type=click.IntRange(min=0), help="A fresh epoch (default: 0, or the state's)."
+)
 @click.option("--threads", type=click.IntRange(min=1), default=8, show_default=True)
 def cache_fill(
-    root: str, storage_options: str, cache_dir: str | None, cache_limit_gb: float | None,
-    world_size: int, local_world_size: int | None, node_rank: int, workers: int, seed: int,
-    buffer_size: int, epoch: int, threads: int,
+    roots: tuple[str, ...], resume_path: str | None, weights: str | None, episodes: str | None,
+    eval_split: float, storage_options: str | None, seed: int | None, buffer_size: int | None,
+    byte_budget_gb: float | None, cache: bool | None, cache_dir: str | None,
+    cache_limit_gb: float | None, node_affinity: bool | None, node_sizes: str | None,
+    world_size: int | None, local_world_size: int | None, node_rank: int, workers: int | None,
+    epoch: int | None, threads: int,
 ) -> None:  # fmt: skip
-    """Download ahead what one node of a training job reads in its first epoch (ROOT, with the
-    job's layout, seed and pool size), soonest first, as far as the cache holds it."""
+    """Download ahead what one node of a training job reads first (ROOT, or several ROOTS: a
+    mixture), soonest first, as far as the cache holds it. Give it the job's reader settings
+    (the options stream and train take), its layout, and, for a resumed job, the state it
+    resumes from: what it fills is then what the job's first epoch reads on that node."""
     from lerobot_shards import ShardedLeRobotDataset
     from lerobot_shards.format import FormatError
 
-    local = local_world_size or world_size
-    if world_size % local or node_rank >= world_size // local:
-        raise click.BadParameter(
-            f"{world_size} ranks of {local} per node have no node {node_rank}",
-            param_hint="--node-rank",
-        )
-    # the node's first rank, as torchrun would number it: the reader plans from these
-    os.environ.update(
-        RANK=str(node_rank * local), WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(local)
-    )
+    if cache is False:
+        raise click.UsageError("cache fill fills the cache: --no-cache has no place here")
+    state, shards = read_resume(resume_path)
+    if roots:
+        shards = {"roots": list(roots)}
+    if not shards.get("roots"):
+        raise click.UsageError("give ROOT (or a lerobot-shards train checkpoint's --resume)")
+    roots = tuple(shards["roots"])
+    settings = {
+        "weights": parse_weights(weights, len(roots)) if weights else shards.get("weights"),
+        "storage_options": (
+            json.loads(storage_options) if storage_options else shards.get("storage_options")
+        ),
+        "buffer_size": buffer_size or shards.get("buffer_size") or (state or {}).get(
+            "buffer_size", 64
+        ),
+        "byte_budget_gb": byte_budget_gb or shards.get("byte_budget_gb"),
+        "seed": seed if seed is not None else (state or {}).get("seed", 0),
+        "cache_dir": cache_dir or shards.get("cache_dir"),
+        "cache_limit_gb": cache_limit_gb or shards.get("cache_limit_gb"),
+        "node_affinity": node_affinity if node_affinity is not None else shards.get(
+            "node_affinity"
+        ),
+    }  # fmt: skip
+    world = fill_world(node_sizes, world_size, local_world_size, node_rank, state)
     try:
         ds = ShardedLeRobotDataset(
-            root,
-            storage_options=json.loads(storage_options),
-            seed=seed,
-            buffer_size=buffer_size,
-            **cache_settings(True, cache_dir, cache_limit_gb, None),
+            list(roots) if len(roots) > 1 else roots[0],
+            cache=True,
+            episodes=fill_episodes(roots, episodes, eval_split, settings["storage_options"]),
+            **settings,
         )
-        ds.num_workers = workers
-        count, total = ds.fill_cache(epoch, threads)
+        ds.num_workers = workers if workers is not None else (state or {}).get("num_workers", 0)
+        resumed = state is not None and epoch is None
+        count, total = ds.fill_cache(
+            None if resumed else epoch or 0, threads, world=world, state=state if resumed else None
+        )
     except (FormatError, FileNotFoundError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(
         f"cache fill: {count} episodes, {total / 1e6:.1f} MB read through {ds.cache.directory}"
     )
+
+
+def read_resume(path: str | None) -> tuple[dict | None, dict]:
+    """The state a job resumes from and the shards' settings a train checkpoint records."""
+    if path is None:
+        return None, {}
+    try:
+        with open(path) as f:
+            saved = json.load(f)
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"{path} is not JSON: {exc}", param_hint="--resume") from None
+    if "data" in saved and "shards" in saved:  # lerobot-shards train's lerobot_shards.json
+        return saved["data"], saved["shards"]
+    if "epoch" not in saved:
+        raise click.BadParameter(f"{path} holds no reader state", param_hint="--resume")
+    return saved, {}
+
+
+def fill_world(
+    node_sizes: str | None,
+    world_size: int | None,
+    local_world_size: int | None,
+    node_rank: int,
+    state: dict | None,
+):
+    """The job's world as ``cache fill`` plans it: the ranks of each node (``--nodes``, or
+    ``--world-size`` over ``--local-world-size``, or the state's), filled for ``--node-rank``'s."""
+    from lerobot_shards.reader.loading.world import World
+    from lerobot_shards.reader.plan.nodes import Nodes
+
+    if node_sizes is not None:
+        if world_size is not None or local_world_size is not None:
+            raise click.UsageError("give --nodes, or --world-size and --local-world-size")
+        try:
+            sizes = [int(n) for n in node_sizes.split(",")]
+        except ValueError:
+            raise click.BadParameter(f"{node_sizes!r} is not like 2,4,2", "--nodes") from None
+        if not sizes or min(sizes) < 1:
+            raise click.BadParameter(f"{node_sizes!r}: every node has a rank", "--nodes")
+        nodes = Nodes(tuple(n for n, size in enumerate(sizes) for _ in range(size)))
+    elif world_size is None and state is not None:
+        nodes = Nodes.from_state(state.get("nodes", 1), int(state["world_size"]))
+    else:
+        world = world_size or 1
+        local = local_world_size or world
+        if world % local:
+            raise click.BadParameter(
+                f"{world} ranks are not nodes of {local}", param_hint="--local-world-size"
+            )
+        nodes = Nodes.even(world, world // local)
+    if node_rank >= nodes.count:
+        raise click.BadParameter(
+            f"the job has {nodes.count} nodes, no node {node_rank}", param_hint="--node-rank"
+        )
+    return World(nodes.ranks(node_rank)[0], nodes.world_size, nodes)
+
+
+def fill_episodes(
+    roots: tuple[str, ...], episodes: str | None, eval_split: float, storage_options: dict | None
+) -> list[int] | None:
+    """The episodes the job's training loader reads: ``--episodes``, less what
+    ``--eval-split`` holds out as lerobot-shards train does (``train/datasets.py``)."""
+    selected = parse_episodes(episodes) if episodes is not None else None
+    if not eval_split:
+        return selected
+    if len(roots) > 1:
+        raise click.BadParameter("--eval-split takes one ROOT, as train does", "--eval-split")
+    from lerobot_shards import ShardedLeRobotDataset
+    from lerobot_shards.train.datasets import split_by_task
+
+    manifest = ShardedLeRobotDataset(
+        roots[0], episodes=selected, storage_options=storage_options, cache=False
+    ).manifest
+    first_tasks = [tasks[0] if tasks else "" for tasks in manifest["tasks"].to_pylist()]
+    train, _ = split_by_task(manifest["episode_index"].to_pylist(), first_tasks, eval_split)
+    return train
 
 
 @cache.command("ls")

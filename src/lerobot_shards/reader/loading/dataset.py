@@ -13,6 +13,7 @@ workers know the epoch in ``worker_epochs``; each worker's share of the byte bud
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -447,16 +448,47 @@ class ShardedLeRobotDataset(IterableDataset):
         )
 
     def fill_cache(
-        self, epoch: int = 0, threads: int = 8, progress: bool = True
+        self,
+        epoch: int | None = None,
+        threads: int = 8,
+        progress: bool = True,
+        world: World | None = None,
+        state: Mapping[str, Any] | None = None,
     ) -> tuple[int, int]:
-        """Download ahead, into the cache, what this process's node reads in ``epoch``: every
-        rank and DataLoader worker of the node (``ds.num_workers`` of them per rank), soonest
-        first, as far as the cache admits it. Returns ``(episodes, bytes)``. Run it once per
-        node before training (``lerobot-shards cache fill``) so the first epoch reads locally."""
+        """Download ahead, into the cache, what this process's node reads first: every rank
+        and DataLoader worker of the node (``ds.num_workers`` of them per rank), soonest
+        first, as far as the cache admits it, up to the end of the epoch. Run it once per node
+        before training (``lerobot-shards cache fill``) so the first epoch reads locally.
+
+        Args:
+            epoch: a fresh epoch to fill from its start; None: what the next iteration reads
+                (``set_epoch``'s epoch, or the rest of a state loaded with
+                ``load_state_dict``).
+            threads: downloads at once.
+            progress: show a progress bar.
+            world: the job's ranks and nodes, and which of them this process fills for (a
+                process outside the job, as ``cache fill`` is); default: this process's.
+            state: a state the job resumes from (``load_state_dict``'s): the rest of its epoch
+                is filled.
+
+        Returns:
+            ``(episodes, bytes)`` read through the cache.
+        """
         if self.cache is None:
             raise ValueError("fill_cache needs a cache: pass cache=True or a cache_dir")
+        if world is not None:
+            self._known_world = (world, True)
+            self._node_affinity = None  # decided again, for that world
+        if state is not None:
+            self.load_state_dict(state)
+        elif epoch is not None:
+            self.set_epoch(epoch)
         ctx = self._context()
-        return self._node_schedule(ctx, start=(epoch, 0)).fill(epoch, threads, progress)
+        first = part_index(self._world().rank, ctx.world_size, 0, ctx.workers)[0]
+        position = copy.deepcopy(self._position)  # where the job starts; this one stays
+        part, _, cursor = position.start(ctx, self._planner, first, ctx.workers)
+        schedule = self._node_schedule(ctx, cursor.origin, (part.epoch, cursor.offset))
+        return schedule.fill(part.epoch, threads, progress)
 
     def _node_schedule(
         self, ctx: Context, origin: Checkpoint | None = None, start: tuple[int, int] = (0, 0)

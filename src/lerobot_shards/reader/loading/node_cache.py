@@ -110,9 +110,10 @@ class NodeSchedule:
         return self._through_cache(fs, span, retries, part.epoch, episode, now, since)
 
     def fill(self, epoch: int, threads: int, progress: bool = True) -> tuple[int, int]:
-        """Download ahead what this node reads in ``epoch``, soonest first, as far as the cache
-        admits it, on ``threads`` threads: ``(episodes read, their bytes)``."""
-        start = self.time(epoch, 0)
+        """Download ahead what this node reads in the rest of ``epoch`` (from where the stream
+        starts), soonest first, as far as the cache admits it, on ``threads`` threads:
+        ``(episodes read, their bytes)``."""
+        start = self.time(epoch, self._start[1] if self._start[0] == epoch else 0)
         first = self.schedule(epoch).first_reads(start, self.time(epoch + 1, 0))
         episodes = self._catalog.episodes
         keys = self.key(episodes)
