@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -105,9 +106,11 @@ def start_job(
     local_world: int | None = None,
     workers: int = 0,
     root: str | None = None,
+    job: dict | None = None,
     **dataset: object,
 ) -> list[tuple[subprocess.Popen, Path]]:
-    """A job's ranks started at once, each a process of its own (``support/cache_job.py``)."""
+    """A job's ranks started at once, each a process of its own (``support/cache_job.py``;
+    ``job``: more of its arguments)."""
     started = []
     for rank in range(ranks):
         out = tmp / f"job-{os.urandom(4).hex()}-rank{rank}.json"
@@ -118,6 +121,7 @@ def start_job(
             "workers": workers,
             "out": str(out),
             "dataset": {**DATASET, **dataset},
+            **(job or {}),
         }
         env = {
             **os.environ,
@@ -127,7 +131,12 @@ def start_job(
             "OMP_NUM_THREADS": "1",
         }
         command = [sys.executable, str(JOB), json.dumps(args)]
-        started.append((subprocess.Popen(command, env=env, stderr=subprocess.PIPE), out))
+        started.append(
+            (
+                subprocess.Popen(command, env=env, stderr=subprocess.PIPE, start_new_session=True),
+                out,
+            )
+        )
     return started
 
 
@@ -144,15 +153,25 @@ def run_job(remote: Remote, tmp: Path, **options: object) -> list[dict[str, list
 
 
 @contextmanager
-def sampled(measure: Callable[[], int], every_s: float = 0.01) -> Iterator[list[int]]:
-    """``measure()`` sampled on a thread for as long as the block runs."""
+def sampled_under_lock(folder: Path, pids: Callable[[], list[int]]) -> Iterator[list[int]]:
+    """The bytes the cache folder takes on disk (``support/cache_disk.py``: its files, and
+    files deleted while one of ``pids()`` still maps them), sampled on a thread under the
+    store's write lock for as long as the block runs."""
+    from support.cache_disk import disk_bytes
+
     samples: list[int] = []
     done = threading.Event()
 
     def run() -> None:
+        while not (folder / "cache.db").exists() and not done.is_set():
+            done.wait(0.01)
+        db = sqlite3.connect(folder / "cache.db", timeout=60, isolation_level=None)
         while not done.is_set():
-            samples.append(measure())
-            done.wait(every_s)
+            db.execute("BEGIN IMMEDIATE")
+            samples.append(disk_bytes(folder, pids()))
+            db.execute("ROLLBACK")
+            done.wait(0.01)
+        db.close()
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
@@ -161,6 +180,12 @@ def sampled(measure: Callable[[], int], every_s: float = 0.01) -> Iterator[list[
     finally:
         done.set()
         thread.join()
+
+
+def job_pids(jobs: list) -> list[int]:
+    """The processes of running jobs: each rank and its DataLoader workers."""
+    pids = [proc.pid for job in jobs for proc, _ in job]
+    return pids + [c for pid in pids for c in children(pid)]
 
 
 def test_one_node_downloads_the_dataset_once(remote: Remote, tmp_path: Path):
@@ -381,33 +406,25 @@ def test_a_cache_that_cannot_be_written_streams_uncached_with_one_warning(
             subprocess.run(["umount", str(mounted)], check=True)
 
 
-def disk_use(folder: Path) -> int:
-    """Bytes of the cache's episodes on disk: entries and downloads being written (a file
-    that goes while it is counted counts as gone)."""
-    total = 0
-    for sub in ("entries", "tmp"):
-        for path in (folder / sub).rglob("*"):
-            with suppress(FileNotFoundError):
-                total += path.stat().st_size if path.is_file() else 0
-    return total
-
-
 @pytest.mark.parametrize("second", ["same dataset", "another dataset"])
 def test_two_jobs_share_one_cache_within_its_limit(
     remote: Remote, other_remote: Remote, tmp_path: Path, second: str
 ):
     """Two jobs at once on one cache folder of half the first dataset: both read exactly the
-    uncached reader's items, and the cache's files never exceed the limit."""
+    uncached reader's items, and the bytes on disk (files deleted while still mapped included,
+    sampled under the store's lock) never exceed the limit."""
     folder = tmp_path / "cache"
     limit = remote.total // 2
     cache = {"cache_dir": str(folder), "cache_limit_gb": limit / 1e9}
     second_remote = remote if second == "same dataset" else other_remote
-    with sampled(lambda: disk_use(folder)) as samples:
-        jobs = [
+    jobs: list = []
+    with sampled_under_lock(folder, lambda: job_pids(jobs)) as samples:
+        jobs += [
             start_job(remote, tmp_path, epochs=[0, 1], workers=2, **cache),
             start_job(second_remote, tmp_path, epochs=[0, 1], workers=2, **cache),
         ]
         got = [finish(job) for job in jobs]
+    assert samples
     assert max(samples) <= limit, max(samples)
     for job, which in zip(got, (remote, second_remote), strict=True):
         want = run_job(
@@ -426,40 +443,36 @@ def children(pid: int) -> list[int]:
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="reads child processes from /proc")
-def test_jobs_killed_at_random_points_leave_nothing_served(remote: Remote, tmp_path: Path):
-    """A job, or one of its DataLoader workers, SIGKILLed at a random moment of its downloads
-    and evictions, 20 times over one cache folder of half the dataset: the next job's items
-    are exact, no download in progress survives its start, and the limit holds throughout."""
+def test_jobs_killed_at_each_stage_leave_nothing_served(remote: Remote, tmp_path: Path):
+    """A job (2 DataLoader workers, a cache of half the dataset) SIGKILLed, with all its
+    processes, when one of them reaches each named stage of its downloads and evictions for
+    the second time: the next job's items are exact, nothing is left in tmp/, and the bytes on
+    disk (deleted files still mapped included, sampled under the store's lock) never exceed
+    the limit."""
     folder = tmp_path / "cache"
     limit = remote.total // 2
     cache = {"cache_dir": str(folder), "cache_limit_gb": limit / 1e9}
-    rng = np.random.default_rng(20)
-    killed = 0
-    with sampled(lambda: disk_use(folder)) as samples:
-        for attempt in range(20):
-            epochs = [4 * attempt + k for k in range(4)]  # long enough to be killed mid-way
-            ((proc, _),) = start_job(remote, tmp_path, epochs=epochs, workers=2, **cache)
-            before = disk_use(folder)
-            while proc.poll() is None and disk_use(folder) == before:  # downloads under way
-                time.sleep(0.005)
-            time.sleep(float(rng.uniform(0.0, 0.5)))
-            workers = children(proc.pid)
-            if proc.poll() is None:
-                victim = workers[0] if workers and attempt % 2 else proc.pid
-                with suppress(ProcessLookupError):
-                    os.kill(victim, signal.SIGKILL)
-                killed += 1
-            for pid in [proc.pid, *workers]:  # what the kill left (a whole job's workers)
-                with suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+    jobs: list = []
+    with sampled_under_lock(folder, lambda: job_pids(jobs)) as samples:
+        for n, stage in enumerate(["download", "rename", "commit", "eviction", "unlink"]):
+            stopped = tmp_path / f"stopped-{stage}"
+            job = {"stop_at": [stage, 2], "stopped": str(stopped)}
+            epochs = list(range(8 * n, 8 * n + 8))  # killed long before their end
+            jobs[:] = [start_job(remote, tmp_path, epochs=epochs, workers=2, job=job, **cache)]
+            ((proc, _),) = jobs[0]
+            while not stopped.exists():
+                assert proc.poll() is None, f"the job ended before it reached {stage}"
+                time.sleep(0.01)
+            os.kill(int(stopped.read_text() or proc.pid), signal.SIGKILL)
+            os.killpg(proc.pid, signal.SIGKILL)  # the rest of the job
             proc.communicate()
-        assert killed >= 10, "most attempts must be killed mid-epoch to test anything"
-        got = run_job(remote, tmp_path, epochs=[80], workers=2, **cache)
+        jobs[:] = []
+        got = run_job(remote, tmp_path, epochs=[40], workers=2, **cache)
     assert got == run_job(
-        remote, tmp_path, epochs=[80], workers=2, root=str(remote.local), cache=False
+        remote, tmp_path, epochs=[40], workers=2, root=str(remote.local), cache=False
     )
     assert not [p for p in (folder / "tmp").rglob("*") if p.is_file()]
-    assert max(samples) <= limit, max(samples)
+    assert samples and max(samples) <= limit, max(samples)
 
 
 NODES_SCRIPT = Path(__file__).parent / "dist_scripts" / "cache_nodes.py"

@@ -45,20 +45,20 @@ def admission_times(
 
     The pool holds at most ``buffer_size`` pieces (and, with a ``byte_budget``, pieces of at
     most that many bytes): the first ones that fit join at draw 0; any later piece ``j`` joins
-    once the pool has room, when the frames of the pieces before the pool's ``w`` (the oldest
-    piece still resident: ``j - buffer_size``, or later where the budget holds fewer) are
-    drawn and about half of those after it: ``(F[w] + F[j]) / 2`` with ``F`` the frames of the
-    pieces before. Non-decreasing in ``j``, so a part's reads keep their exact order."""
+    once the pool has room, when the pieces up to ``g`` have left (``j - buffer_size``, or
+    later where the budget holds fewer) and about half of the frames of those still resident
+    are drawn: ``(F[g + 1] + F[j]) / 2``, ``F[i]`` being the frames of the pieces before
+    ``i``. Non-decreasing in ``j``, so a part's reads keep their exact order."""
     counts = np.asarray(counts, dtype=np.int64)
     n = len(counts)
     frames = np.concatenate([[0], np.cumsum(counts)])
-    oldest = np.arange(n, dtype=np.int64) - buffer_size
+    gone = np.arange(n, dtype=np.int64) - buffer_size  # the last piece that has left by then
     if byte_budget is not None and piece_bytes is not None:
         spent = np.concatenate([[0], np.cumsum(np.asarray(piece_bytes, dtype=np.int64))])
-        fits = np.searchsorted(spent, spent[1:] - byte_budget, side="left")  # first that fits
-        oldest = np.maximum(oldest, fits)
-    times = (frames[np.maximum(oldest, 0)] + frames[:n]) // 2
-    times[oldest < 0] = 0
+        first = np.searchsorted(spent, spent[1:] - byte_budget, side="left")  # oldest fitting
+        gone = np.maximum(gone, first - 1)
+    times = (frames[np.maximum(gone + 1, 0)] + frames[:n]) // 2
+    times[gone < 0] = 0
     return np.maximum.accumulate(times) if n else times
 
 
