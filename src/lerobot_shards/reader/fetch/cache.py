@@ -183,7 +183,8 @@ class CacheStore:
             self._open()
             with self._write() as db:
                 used = _setting(db, "used")
-                if used is None:  # a folder of an earlier version: count once
+                if used is None:  # new, or of an earlier version: count once, forget its hints
+                    db.execute("UPDATE entries SET next_use = NULL")
                     (used,) = db.execute("SELECT COALESCE(SUM(size), 0) FROM entries").fetchone()
                     (pending,) = db.execute(
                         "SELECT COALESCE(SUM(size), 0) FROM entries WHERE state = 'pending'"

@@ -33,8 +33,8 @@ from lerobot_shards.reader.plan.next_use import (
     NEVER,
     NodeReads,
     admission_times,
-    concatenate,
     residents_at,
+    span_for,
 )
 from lerobot_shards.reader.plan.nodes import Nodes
 from lerobot_shards.reader.plan.pool import admission_order
@@ -86,8 +86,10 @@ class NodeSchedule:
         self._job = job or _job_name(ordering, num_parts, nodes, node_parts, catalog)
         self._schedules: dict[int, NodeReads] = {}
         self._part_reads: dict[tuple, _PartReads] = {}
+        self._by_epoch: dict[int, NodeReads] = {}
         self._per_epoch: int | None = None
         self._keys: tuple[dict[str, int], np.ndarray] | None = None
+        self._key_of_id: np.ndarray | None = None
         self._started: tuple[float, int] | None = None  # (monotonic clock, draw) of a reading
         self._clock: tuple[float, float] | None = None  # the job's (start, pace): _wall
         self.clock: Callable[[], tuple[int, int]] | None = None
@@ -170,15 +172,24 @@ class NodeSchedule:
         )
 
     def schedule(self, epoch: int) -> NodeReads:
-        """The node's fetches over ``epoch`` and ``epoch + 1`` (computed once per epoch, each
-        part's reads once)."""
+        """The node's fetches over ``epoch`` and ``epoch + 1`` (each epoch's computed once)."""
         if epoch not in self._schedules:
-            reads = [self._reads_of(part) for e in (epoch, epoch + 1) for part in self._parts(e)]
+            reads = self._epoch_reads(epoch).merge(self._epoch_reads(epoch + 1))
             # keep two: a part's end warms the next epoch up while its last fetches finish
             self._schedules = {e: s for e, s in self._schedules.items() if e >= epoch - 1}
-            self._schedules[epoch] = concatenate([(r.times, r.keys) for r in reads])
+            self._schedules[epoch] = reads
+            self._by_epoch = {e: r for e, r in self._by_epoch.items() if e >= epoch - 1}
             self._part_reads = {k: v for k, v in self._part_reads.items() if k[0] >= epoch - 1}
         return self._schedules[epoch]
+
+    def _epoch_reads(self, epoch: int) -> NodeReads:
+        """The node's fetches in ``epoch``: every one of its parts'."""
+        if epoch not in self._by_epoch:
+            reads = [self._reads_of(part) for part in self._parts(epoch)]
+            times = np.concatenate([r.times for r in reads]) if reads else np.zeros(0, np.int64)
+            keys = np.concatenate([r.keys for r in reads]) if reads else np.zeros(0, np.int64)
+            self._by_epoch[epoch] = NodeReads.of(times, keys, span_for(len(self.keys()[0])))
+        return self._by_epoch[epoch]
 
     def time(self, epoch: int, draws: int) -> int:
         """The node's clock at a part's ``draws``-th draw of ``epoch``: fresh epochs last
@@ -218,7 +229,7 @@ class NodeSchedule:
                 at[order[again]] = base + start
                 keep = again | (draws > start)
                 order, draws = order[keep], np.where(again, start, draws)[keep]
-            keys = self.key(part.episodes[order])
+            keys = self.key(part.episodes)[order]  # the pieces' episodes ascend: a fast lookup
             self._part_reads[cache_key] = _PartReads(draws + base, keys, at)
         return self._part_reads[cache_key]
 
@@ -257,9 +268,19 @@ class NodeSchedule:
         return self._keys
 
     def key(self, episodes: np.ndarray | int) -> np.ndarray:
-        """The key numbers of global episode ids."""
-        rows = np.searchsorted(self._catalog.episodes, episodes)
-        return self.keys()[1][rows]
+        """The key numbers of global episode ids (a table indexed by id where the ids are
+        dense enough, else a search)."""
+        if self._key_of_id is None:
+            ids, keys = self._catalog.episodes, self.keys()[1]
+            top = int(ids.max()) + 1 if len(ids) else 0
+            if top <= 4 * len(ids) + 1024:
+                self._key_of_id = np.full(top, -1, dtype=np.int64)
+                self._key_of_id[ids] = keys
+            else:
+                self._key_of_id = np.zeros(0, dtype=np.int64)
+        if len(self._key_of_id):
+            return self._key_of_id[episodes]
+        return self.keys()[1][np.searchsorted(self._catalog.episodes, episodes)]
 
     def _admitted_at(self, part: Part, piece: int) -> int:
         """The draw time of ``part``'s admission of ``piece`` (where the stream starts, for a

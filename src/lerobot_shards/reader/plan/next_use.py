@@ -26,8 +26,6 @@ Pure and numpy only.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
 
 NEVER = np.iinfo(np.int64).max
@@ -73,29 +71,48 @@ def residents_at(times: np.ndarray, buffer_size: int, start: int) -> np.ndarray:
 
 
 class NodeReads:
-    """Every fetch of a node's parts over some epochs: key ``keys[i]`` (an episode's cache
-    entry) at draw time ``times[i]``."""
+    """Every fetch of a node's parts over some epochs: entry ``key`` at draw time ``time``,
+    kept as one sorted array of ``key * span + time`` (each key's times ascending), so a next
+    use is one binary search and two epochs' reads merge in linear time."""
 
-    def __init__(self, times: np.ndarray, keys: np.ndarray) -> None:
+    def __init__(self, reads: np.ndarray, span: int) -> None:
+        self._reads = reads
+        self._span = span
+
+    @classmethod
+    def of(cls, times: np.ndarray, keys: np.ndarray, span: int) -> NodeReads:
+        """The reads ``keys[i]`` at ``times[i]`` (``0 <= time < span``)."""
         times = np.asarray(times, dtype=np.int64)
-        keys = np.asarray(keys, dtype=np.int64)
-        by_key = np.lexsort((times, keys))  # each key's times ascending
-        self._keys = keys[by_key]
-        self._times = times[by_key]
+        if len(times) and (times.min() < 0 or times.max() >= span):
+            raise ValueError(f"draw times must lie in 0..{span - 1}")
+        return cls(np.sort(np.asarray(keys, dtype=np.int64) * span + times), span)
+
+    def merge(self, other: NodeReads) -> NodeReads:
+        """These reads and ``other``'s (two sorted runs: merged, not sorted anew)."""
+        both = np.concatenate([self._reads, other._reads])
+        return NodeReads(np.sort(both, kind="stable"), self._span)
 
     def next_use(self, key: int, after: int) -> int:
         """``key``'s first fetch later than ``after`` (:data:`NEVER` if none)."""
-        lo = int(np.searchsorted(self._keys, key, side="left"))
-        hi = int(np.searchsorted(self._keys, key, side="right"))
-        k = lo + int(np.searchsorted(self._times[lo:hi], after, side="right"))
-        return int(self._times[k]) if k < hi else NEVER
+        span = self._span
+        at = int(np.searchsorted(self._reads, key * span + max(after, -1), side="right"))
+        if at < len(self._reads) and int(self._reads[at]) // span == key:
+            return int(self._reads[at]) % span
+        return NEVER
 
     def first_reads(self, since: int, until: int) -> np.ndarray:
         """The keys read in ``since <= time < until``, in the order of their first read then."""
-        window = (self._times >= since) & (self._times < until)
-        keys, times = self._keys[window], self._times[window]
+        keys, times = np.divmod(self._reads, self._span)
+        window = (times >= since) & (times < until)
+        keys, times = keys[window], times[window]
         first = np.unique(keys, return_index=True)[1]  # each key's earliest (times ascending)
         return keys[first[np.argsort(times[first], kind="stable")]]
+
+
+def span_for(keys: int) -> int:
+    """The ``span`` of :class:`NodeReads` over ``keys`` entries: the most draws an int64 keeps
+    beside the key number."""
+    return 1 << (62 - max(1, int(keys)).bit_length())
 
 
 def belady_bytes(reads: np.ndarray, sizes: np.ndarray, limit: int) -> int:
@@ -139,11 +156,3 @@ def belady_bytes(reads: np.ndarray, sizes: np.ndarray, limit: int) -> int:
         cached[e] = mine
         used += size
     return downloaded
-
-
-def concatenate(parts: Sequence[tuple[np.ndarray, np.ndarray]]) -> NodeReads:
-    """One schedule from each part's ``(times, keys)``."""
-    if not parts:
-        empty = np.zeros(0, dtype=np.int64)
-        return NodeReads(empty, empty)
-    return NodeReads(np.concatenate([t for t, _ in parts]), np.concatenate([k for _, k in parts]))
