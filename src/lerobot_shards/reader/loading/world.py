@@ -12,7 +12,8 @@ How the nodes are known:
   that needs the nodes asks (a cache or node affinity; never per epoch). A node is the set of
   ranks with one name: the host name, with torchrun's ``GROUP_RANK`` (its node rank) where it is
   set, so several launches on one host are several nodes. Nodes of unequal sizes, and ranks not
-  numbered node by node, are exact.
+  numbered node by node, are exact. (With NCCL the exchange runs on each rank's current CUDA
+  device, which a DDP job has set, as ``all_gather_object`` needs.)
 - Without a process group each rank knows only its own environment: ``LOCAL_WORLD_SIZE``
   consecutive ranks per node, as torchrun numbers them, checked against ``GROUP_WORLD_SIZE``,
   ``GROUP_RANK`` and ``LOCAL_RANK`` where they are set. Where the environment cannot describe
