@@ -1,7 +1,8 @@
 """Look at and verify a converted dataset: ``inspect`` summarises, ``verify`` finds damage.
 
 Both read only what the format promises (index.json, the manifest, the shards), so they check a
-dataset the way a reader will see it, whoever wrote it.
+dataset the way a reader will see it, whoever wrote it; ``inspect`` also shows what ``convert``
+found in the rows that poisons training (``poisons.json``, beside them).
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from lerobot_shards.format import (
+    INDEX_FILE,
     MANIFEST_FILE,
+    DatasetIndex,
     EpisodeHeader,
     FormatError,
     ManifestRow,
@@ -29,6 +32,7 @@ from lerobot_shards.format import (
     rows_member,
     video_member,
 )
+from lerobot_shards.poisons import POISONS_FILE, Poison, parse_poisons, summary_lines
 from lerobot_shards.validate import (
     check_camera,
     check_header_cameras,
@@ -40,6 +44,7 @@ from lerobot_shards.validate import (
     decode_image,
     frame_size,
     parse_header,
+    parse_index,
     read_index,
     read_manifest,
 )
@@ -70,7 +75,9 @@ def _open(root: str, storage_options: dict | None) -> tuple[fsspec.AbstractFileS
 
 
 def inspect_dataset(root: str, storage_options: dict | None = None) -> dict[str, Any]:
-    """A summary of a converted dataset: counts, cameras and codecs, bytes, size percentiles."""
+    """A summary of a converted dataset: counts, cameras and codecs, bytes, size percentiles,
+    and what ``convert`` found that poisons training (``poisons``: None if it was not recorded,
+    a dataset converted by an earlier version)."""
     fs, path = _open(root, storage_options)
     index = read_index(fs, path)
     table = read_manifest(fs, join(path, MANIFEST_FILE))
@@ -100,7 +107,23 @@ def inspect_dataset(root: str, storage_options: dict | None = None) -> dict[str,
         "cameras": cameras,
         "episode_bytes": _percentiles(sizes),
         "episode_frames": _percentiles(lengths),
+        **_poisons(fs, path),
     }
+
+
+def _poisons(fs: fsspec.AbstractFileSystem, root: str) -> dict[str, Any]:
+    """``poisons`` and ``unchecked_episodes`` as ``poisons.json`` records them (None if the
+    dataset has no such file)."""
+    path = join(root, POISONS_FILE)
+    try:
+        data = fs.cat_file(path)
+    except FileNotFoundError:
+        return {"poisons": None, "unchecked_episodes": None}
+    try:
+        poisons, unchecked = parse_poisons(data, path)
+    except ValueError as exc:
+        raise FormatError(str(exc)) from exc
+    return {"poisons": [p.to_json() for p in poisons], "unchecked_episodes": unchecked}
 
 
 def format_inspection(summary: dict[str, Any]) -> str:
@@ -118,6 +141,19 @@ def format_inspection(summary: dict[str, Any]) -> str:
     for name, unit in (("episode_bytes", "bytes"), ("episode_frames", "frames")):
         pct = "  ".join(f"{k}={v}" for k, v in summary[name].items())
         lines.append(f"{name.replace('_', ' ')} ({unit}): {pct}")
+    if summary.get("poisons") is None:
+        lines.append("poisons: not recorded (converted by an earlier version)")
+        return "\n".join(lines)
+    found = summary_lines(
+        [Poison.from_json(p, "poisons") for p in summary["poisons"]],
+        len(summary["unchecked_episodes"]),
+    )
+    lines.append(
+        "poisons: none found"
+        if not found
+        else "poisons (LeRobot reads these; a training run may not survive them):"
+    )
+    lines += [f"  {line}" for line in found]
     return "\n".join(lines)
 
 
@@ -133,19 +169,32 @@ def _read_header(fs: fsspec.AbstractFileSystem, root: str, row: ManifestRow) -> 
     return parse_header(data, where=f"{row.shard}:{member.name}")
 
 
+def read_dataset(
+    fs: fsspec.AbstractFileSystem, path: str, root: str, index_data: bytes | None = None
+) -> tuple[DatasetIndex, pa.Table, Any]:
+    """A converted dataset's index, manifest and metadata (``reader.meta.DatasetMeta``), read
+    and checked by the reader's own code, so ``verify``, ``convert`` and the reader agree.
+
+    ``index_data``: ``index.json``'s bytes, where the converter has not written it yet.
+    """
+    from lerobot_shards.reader.meta.metadata import read_meta  # no torch: verify runs without it
+
+    if index_data is None:
+        index = read_index(fs, path)
+    else:
+        index = parse_index(index_data, where=join(path, INDEX_FILE))
+    table = read_manifest(fs, join(path, MANIFEST_FILE))
+    return index, table, read_meta(fs, path, index, table, root)
+
+
 def verify_dataset(
     root: str, *, deep: bool = False, storage_options: dict | None = None
 ) -> list[Problem]:
     """Every problem found: checksums, tar structure, member offsets, headers, rows; with
     ``deep`` also every frame of every camera decoded and counted."""
-    from lerobot_shards.reader.meta.metadata import read_meta  # no torch: verify runs without it
-
     fs, path = _open(root, storage_options)
     try:
-        index = read_index(fs, path)
-        table = read_manifest(fs, join(path, MANIFEST_FILE))
-        # The reader's own checks of meta/info.json and the tasks: the two agree.
-        meta = read_meta(fs, path, index, table, root)
+        index, table, meta = read_dataset(fs, path, root)
     except (FormatError, FileNotFoundError) as exc:
         return [Problem(None, None, str(exc))]
     problems = []
@@ -215,7 +264,7 @@ def verify_episode(
         rows = pq.read_table(io.BytesIO(members[expected[1]]))
         if rows.num_rows != row.length:
             return [f"{expected[1]}: {rows.num_rows} rows, expected {row.length}"]
-        check_rows(rows, meta.features, header, meta.task_names, where, meta.fps)
+        rows = check_rows(rows, meta.features, header, meta.task_names, where, meta.fps)
         for key in video_keys:
             check_camera(header.cameras[key], meta.features[key], row.length, key, where)
     except FormatError as exc:

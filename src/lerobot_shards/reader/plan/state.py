@@ -43,6 +43,10 @@ The state format: a plain dict (JSON-serialisable).
   nodes its order was shared out over, with node affinity: their count for equal nodes of
   consecutive ranks, else each rank's node (``[0, 0, 1, 1, 1, 1, 2, 2]``); 1 without node
   affinity and in states of earlier versions.
+- ``mixed_batches``: the rank's batches took every DataLoader worker's samples one at a time in
+  turn (``interleave.py``: a ``ShardedDataLoader``'s default), so the round robin that says what
+  each worker had produced went sample by sample; False (or absent, in states of earlier
+  versions): each batch came from one worker.
 - ``seed``, ``shuffle``, ``buffer_size``, ``byte_budget`` (bytes or None), ``pad``, ``repeat``,
   ``node_affinity`` (False when absent): the settings that shape the order. ``byte_budget`` is
   each part's pool budget for fetched episodes: the rank's ``byte_budget_gb`` split over the
@@ -62,7 +66,8 @@ assuming the current layout and settings; having no fingerprint, it warns
 offset is past the end of its epoch is refused. A full state whose layout and settings match the
 current ones resumes the very same stream. Otherwise (another world size, another number of
 DataLoader workers, another seed, pool size, budget, padding or repeat, node affinity turned on
-or off, or, with node affinity, another number of nodes) the resume is elastic
+or off, or, with node affinity, another number of nodes, batches mixed or not) the resume is
+elastic
 (``elastic.py``): the frames the checkpoint consumed are found by replaying the old layout's
 planner (first draws of each old part), and the rest of the epoch is split over the new layout,
 every frame still exactly once, every part still yielding the same number of samples; the next
@@ -87,6 +92,7 @@ from lerobot_shards.reader.plan.elastic import (
     Planner,
     consumed_per_worker,
 )
+from lerobot_shards.reader.plan.interleave import Interleave
 from lerobot_shards.reader.plan.nodes import Nodes
 
 
@@ -106,6 +112,9 @@ class Cursor:
     stream_offset: int
     """Samples since the stream began (at ``stream_epoch``, or at the rest's start)."""
     num_workers: int
+    interleave: Interleave | None = None
+    """With mixed batches: where this iteration's samples of every worker go (``interleave.py``);
+    the iterating worker is its lane ``Context.worker``."""
 
     def advance(self, part: Part) -> None:
         """Move to the start of ``part``, the next epoch's (the stream ran on into it)."""
@@ -124,6 +133,7 @@ def describe(
     fingerprint: str,
     origin: Checkpoint | None = None,
     nodes: Nodes | int = 1,
+    mixed_batches: bool = False,
 ) -> dict[str, Any]:
     """A state dict in the format the module docstring describes."""
     state = {
@@ -140,6 +150,7 @@ def describe(
         "pad": ordering.pad,
         "repeat": ordering.repeat,
         "node_affinity": ordering.node_affinity,
+        "mixed_batches": mixed_batches,
         "fingerprint": fingerprint,
     }
     if origin is not None:
@@ -154,6 +165,7 @@ def describe(
             fingerprint,
             c.origin,
             c.layout.nodes,
+            c.mixed_batches,
         )
     return state
 
@@ -189,6 +201,7 @@ def checkpoint_of(state: Mapping[str, Any]) -> Checkpoint:
                 bool(state.get("node_affinity", False)),
             ),
             origin=None if origin is None else checkpoint_of(origin),
+            mixed_batches=bool(state.get("mixed_batches", False)),
         )
     except KeyError as exc:
         raise ValueError(f"this state lacks {exc.args[0]!r}: {dict(state)}") from None
@@ -213,6 +226,9 @@ class Context:
     nodes: Nodes | int = 1
     """The nodes the order is shared out over: the ranks' nodes with node affinity, else one
     node of every rank (an ``int``: equal nodes of consecutive ranks)."""
+    mixed_batches: bool = False
+    """The rank's batches take every worker's samples in turn (``interleave.py``): a
+    ``ShardedDataLoader``'s, whose workers write their rows of every batch."""
 
     @property
     def layout(self) -> Layout:
@@ -235,6 +251,7 @@ class Position:
         self.worker_state: dict | None = None  # a StatefulDataLoader worker's loaded state
         self.pending = False  # a loaded state not yet iterated
         self.check_workers: int | None = None  # workers a loaded state was planned for
+        self.check_mixed: bool | None = None  # the batching a loaded state was planned for
         self.cursor: Cursor | None = None
 
     def set_epoch(self, epoch: int) -> None:
@@ -247,6 +264,7 @@ class Position:
         self.worker_state = None
         self.pending = False
         self.check_workers = None
+        self.check_mixed = None
         self.cursor = None
 
     def begin_elsewhere(self) -> None:
@@ -259,6 +277,7 @@ class Position:
         self.worker_state = None
         self.pending = False
         self.check_workers = None
+        self.check_mixed = None
         self.cursor = None
 
     def state(
@@ -285,6 +304,7 @@ class Position:
                 fingerprint,
                 origin,
                 ctx.nodes,
+                ctx.mixed_batches,
             )
 
         if num_samples is not None:
@@ -361,13 +381,15 @@ class Position:
             if same:
                 shares = checkpoint.ordering.node_shares(theirs.nodes, theirs.num_parts)
                 same = shares == ctx.ordering.node_shares(ours.nodes, ours.num_parts)
+            same = same and checkpoint.mixed_batches == ctx.mixed_batches
             if same and checkpoint.ordering == ctx.ordering:
                 self.next_origin = checkpoint.origin
             elif worker_state:
                 raise ValueError(
                     "this is a StatefulDataLoader worker's state, taken under another layout or "
                     "other settings (world size, workers, nodes, seed, shuffle, buffer, budget, "
-                    "pad, repeat, node affinity): elastic resume needs the rank's state, "
+                    "pad, repeat, node affinity, mixed batches): elastic resume needs the rank's "
+                    "state, "
                     "ds.state_dict(num_samples=..., batch_size=...)"
                 )
             else:
@@ -375,6 +397,7 @@ class Position:
                 self.next_origin = checkpoint
             if not worker_state:
                 self.check_workers = ctx.workers
+        self.check_mixed = None if worker_state else ctx.mixed_batches
         self._check_offset(state, ctx, planner, first_part, where)
         self.current, self.current_origin = self.next, self.next_origin
         self.pending = True
@@ -426,9 +449,18 @@ class Position:
                 f"the state was loaded for {expected} DataLoader worker(s) per rank, but this "
                 f"loader has {workers}: set ds.num_workers = {workers} before load_state_dict"
             )
+        mixed, self.check_mixed = self.check_mixed, None
+        if mixed is not None and mixed != ctx.mixed_batches:
+            raise ValueError(
+                f"the state was loaded for batches that {'mix' if mixed else 'do not mix'} "
+                "every DataLoader worker's samples, and this loader's "
+                f"{'do' if ctx.mixed_batches else 'do not'}: load it through the loader that "
+                "iterates (loader.load_state_dict), which knows how it batches"
+            )
         num_parts = ctx.world_size * workers
         resume, self.worker_state = self.worker_state, None
         self.pending = False
+        interleave = None
         if resume is not None:
             if (resume["worker_id"], resume["num_workers"]) != (ctx.worker, workers):
                 raise ValueError(
@@ -445,11 +477,15 @@ class Position:
                 planner.locate(origin, epoch, ordering, num_parts, first_part + w, 0, ctx.nodes)[0]
                 for w in range(workers)
             ]
-            consumed, nxt = consumed_per_worker(
-                offset, [p.num_samples for p in per_worker], self.batch_size, ordering.repeat
-            )
+            counts = [p.num_samples for p in per_worker]
+            unit = 1 if ctx.mixed_batches else self.batch_size
+            consumed, nxt = consumed_per_worker(offset, counts, unit, ordering.repeat)
             role = (nxt + ctx.worker) % workers
             taken = consumed[role]
+            if ctx.mixed_batches:  # lane w plays role nxt + w: the round robin goes on as it was
+                roles = [(nxt + w) % workers for w in range(workers)]
+                left = None if ordering.repeat else [counts[r] - consumed[r] for r in roles]
+                interleave = Interleave(left, workers)
         part, k, following = planner.locate(
             origin, epoch, ctx.ordering, num_parts, first_part + role, taken, ctx.nodes
         )
@@ -457,5 +493,6 @@ class Position:
             self.next = (part.epoch + 1, 0)
         rest = origin if part.positions is not None else None
         cursor = Cursor(role, part.epoch, k, part.num_samples, rest, epoch, taken, num_workers)
+        cursor.interleave = interleave
         self.cursor = cursor
         return part, following, cursor
