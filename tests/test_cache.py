@@ -642,6 +642,60 @@ def test_cache_fill_takes_the_jobs_settings(
     assert remote.downloaded() == 0, f"{setting}: the first epoch downloaded"
 
 
+def test_cache_fill_resumes_a_mixed_batches_checkpoint_as_the_job_does(
+    remote: Remote, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """A checkpoint of a ``ShardedDataLoader`` whose batches mix its 2 workers' samples (the
+    default) on 2 nodes of 2 ranks, resumed on the same layout: ``cache fill --resume`` fills
+    the rest of node 0's own share, as the job resumes it exactly (not the elastic split a
+    state loaded for unmixed batches would give), so node 0 downloads nothing."""
+    from click.testing import CliRunner
+
+    from lerobot_shards import ShardedDataLoader
+    from lerobot_shards.cli import main
+
+    folder = tmp_path / "cache"
+    limit = 0.6 * remote.total / 1e9  # node affinity on by default
+
+    def loader(rank: int, cache_dir: Path) -> ShardedDataLoader:
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "4")
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+        ds = ShardedLeRobotDataset(
+            remote.url,
+            storage_options=remote.storage_options,
+            cache_dir=str(cache_dir),
+            cache_limit_gb=limit,
+            **DATASET,
+        )
+        return ShardedDataLoader(ds, batch_size=4, num_workers=2)
+
+    first = loader(0, tmp_path / "stopped")  # the job before the checkpoint
+    assert first.mixed_batches
+    first.dataset.set_epoch(2)
+    for _, _batch in zip(range(3), first, strict=False):
+        pass
+    state = first.state_dict()
+    assert state["mixed_batches"]
+    del first
+    (tmp_path / "state.json").write_text(json.dumps(state))
+    command = ["cache", "fill", remote.url, "--storage-options", json.dumps(remote.storage_options)]
+    command += ["--cache-dir", str(folder), "--cache-limit-gb", str(limit)]
+    command += ["--seed", str(DATASET["seed"]), "--buffer-size", str(DATASET["buffer_size"])]
+    command += ["--world-size", "4", "--local-world-size", "2", "--node-rank", "0"]
+    command += ["--workers", "2", "--resume", str(tmp_path / "state.json")]
+    result = CliRunner().invoke(main, command)
+    assert result.exit_code == 0, result.output
+    remote.proxy.clear()
+    read = []
+    for rank in range(2):  # node 0's ranks resume through their loaders
+        job = loader(rank, folder)
+        job.load_state_dict(state)
+        read += [int(i) for batch in job for i in batch["index"]]
+    assert read, "the job read the rest of its epoch"
+    assert remote.downloaded() == 0, "the resumed epoch downloaded"
+
+
 def test_which_roots_are_cached_by_default(remote: Remote, tmp_path: Path):
     """Remote roots are cached by default, local ones not unless a folder is given; False is
     off for any root."""

@@ -506,7 +506,7 @@ class ShardedLeRobotDataset(IterableDataset):
             world: the job's ranks and nodes, and which of them this process fills for (a
                 process outside the job, as ``cache fill`` is); default: this process's.
             state: a state the job resumes from (``load_state_dict``'s): the rest of its epoch
-                is filled.
+                is filled, as a loader that batches as the state's did resumes it.
 
         Returns:
             ``(episodes, bytes)`` read through the cache.
@@ -516,11 +516,13 @@ class ShardedLeRobotDataset(IterableDataset):
         if world is not None:
             self._known_world = (world, True)
             self._node_affinity = None  # decided again, for that world
+        # the job resumes through a loader that batches as the one that took the state did
+        mixed = state is not None and bool(state.get("mixed_batches", False))
         if state is not None:
-            self.load_state_dict(state)
+            self.load_state_dict(state, mixed_batches=mixed)
         elif epoch is not None:
             self.set_epoch(epoch)
-        ctx = self._context()
+        ctx = self._context(mixed)
         first = part_index(self._world().rank, ctx.world_size, 0, ctx.workers)[0]
         position = copy.deepcopy(self._position)  # where the job starts; this one stays
         part, _, cursor = position.start(ctx, self._planner, first, ctx.workers)
