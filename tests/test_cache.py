@@ -188,6 +188,7 @@ def job_pids(jobs: list) -> list[int]:
     return pids + [c for pid in pids for c in children(pid)]
 
 
+@pytest.mark.slow
 def test_one_node_downloads_the_dataset_once(remote: Remote, tmp_path: Path):
     """2 ranks x 2 workers on one node, a cache larger than the dataset: the first epoch
     downloads each episode's bytes once (pieces of one episode in two parts included), the
@@ -406,6 +407,7 @@ def test_a_cache_that_cannot_be_written_streams_uncached_with_one_warning(
             subprocess.run(["umount", str(mounted)], check=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("second", ["same dataset", "another dataset"])
 def test_two_jobs_share_one_cache_within_its_limit(
     remote: Remote, other_remote: Remote, tmp_path: Path, second: str
@@ -442,6 +444,7 @@ def children(pid: int) -> list[int]:
     return found
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.platform != "linux", reason="reads child processes from /proc")
 def test_jobs_killed_at_each_stage_leave_nothing_served(remote: Remote, tmp_path: Path):
     """A job (2 DataLoader workers, a cache of half the dataset) SIGKILLed, with all its
@@ -515,6 +518,7 @@ def launch_nodes(args: dict, nodes: int, out: Path) -> dict[int, dict]:
     return {int(p.stem.split("-")[1]): json.loads(p.read_text()) for p in out.glob("rank-*.json")}
 
 
+@pytest.mark.slow
 def test_two_nodes_each_keep_their_share(remote: Remote, tmp_path: Path):
     """Two nodes (two torchrun launches of 2 ranks, a cache folder each holding half the
     dataset and one episode): every epoch every frame exactly once over the 4 ranks, epochs 2
