@@ -562,7 +562,7 @@ def test_cache_fill_makes_the_first_epoch_local(remote: Remote, tmp_path: Path):
     remote.proxy.clear()
     limit = str(2 * remote.total / 1e9)
     options = json.dumps(remote.storage_options)
-    job = ["--workers", "2", "--seed", str(DATASET["seed"])]
+    job = ["--num-workers", "2", "--seed", str(DATASET["seed"])]
     job += ["--buffer-size", str(DATASET["buffer_size"])]
     command = ["cache", "fill", remote.url, "--storage-options", options]
     command += ["--cache-dir", str(folder), "--cache-limit-gb", limit, *job]
@@ -622,7 +622,7 @@ def test_cache_fill_takes_the_jobs_settings(
     command = ["cache", "fill", *roots, "--storage-options", json.dumps(remote.storage_options)]
     command += ["--cache-dir", str(folder), "--cache-limit-gb", str(limit), *flags]
     command += ["--seed", str(DATASET["seed"]), "--buffer-size", str(DATASET["buffer_size"])]
-    command += ["--world-size", str(world), "--local-world-size", str(local), "--workers", "0"]
+    command += ["--world-size", str(world), "--local-world-size", str(local), "--num-workers", "0"]
     resumed = None
     if setting == "a resumed checkpoint":  # a job of one rank stopped in epoch 2
         first = open_rank(0, world=1)
@@ -687,7 +687,7 @@ def test_cache_fill_resumes_a_mixed_batches_checkpoint_as_the_job_does(
     command += ["--cache-dir", str(folder), "--cache-limit-gb", str(limit)]
     command += ["--seed", str(DATASET["seed"]), "--buffer-size", str(DATASET["buffer_size"])]
     command += ["--world-size", "4", "--local-world-size", "2", "--node-rank", "0"]
-    command += ["--workers", "2", "--resume", str(tmp_path / "state.json")]
+    command += ["--num-workers", "2", "--resume", str(tmp_path / "state.json")]
     result = CliRunner().invoke(main, command)
     assert result.exit_code == 0, result.output
     remote.proxy.clear()
