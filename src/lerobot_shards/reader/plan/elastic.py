@@ -47,7 +47,7 @@ from lerobot_shards.reader.plan.partition import (
     split_nodes,
     split_parts,
 )
-from lerobot_shards.reader.plan.pool import READER_GROUP, first_draws, plan_part
+from lerobot_shards.reader.plan.pool import DRAW_RULE, READER_GROUP, first_draws, plan_part
 
 # Entropy word of the rest split's and the rest pools' random streams: apart from the fresh
 # split's (0xFFFF_FFFF) and every fresh pool's ([seed, epoch] or [seed, epoch, part]).
@@ -136,6 +136,9 @@ class Ordering:
     repeat: bool
     node_affinity: bool = False
     """With several nodes, each node reads the same frames every epoch (``split_nodes``)."""
+    draw_rule: int = DRAW_RULE
+    """The pool's draw rule (``pool.py``'s ``RULES``): new orderings draw by the current one;
+    a checkpoint's records the one it was drawn by (1 when its state does not say)."""
 
     def node_shares(self, nodes: Nodes | int, num_parts: int) -> tuple[tuple[int, ...], ...]:
         """The groups of parts a fresh epoch of ``num_parts`` parts is first shared out over
@@ -234,6 +237,7 @@ class Part:
             num_samples=self.num_samples,
             start=start,
             group=READER_GROUP,
+            rule=ordering.draw_rule,
         )
 
 
