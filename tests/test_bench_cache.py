@@ -1,5 +1,8 @@
 """``scripts/bench_cache.py`` runs where CI runs (a tiny dataset, two epochs) and prints every
-row of its table and both goals; its speed is not judged here, only what cannot depend on it."""
+row of its table and both goals; its speed is not judged here, only what cannot depend on it:
+a local root downloads nothing, an uncached epoch the whole dataset, a cache larger than the
+dataset nothing after the first epoch, a cache of half of it at most half plus an episode per
+DataLoader worker in the second, and the yardstick is never below what it claims."""
 
 from __future__ import annotations
 
@@ -32,6 +35,7 @@ def test_the_benchmark_prints_every_row(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr[-4000:]
     rows = re.findall(r"^\| (\d+) \| ([a-z0-9. ]+?) \| (.+) \|$", result.stdout, re.M)
     assert [(int(e), s) for e, s, _ in rows] == [(e, s) for e in (1, 2) for s in SETTINGS]
+    largest = float(re.search(r"the largest episode ([0-9.]+) of them", result.stdout).group(1))
     for epoch, setting, cells in rows:
         mb, ratio, belady, rate, to_local = (c.strip() for c in cells.split("|"))
         assert float(rate) > 0 and float(to_local) > 0
@@ -42,5 +46,10 @@ def test_the_benchmark_prints_every_row(tmp_path: Path) -> None:
             assert float(ratio) >= 0.99, "an uncached epoch read less than the dataset"
         if setting.startswith("cache") and epoch == "1":
             assert float(belady) >= 0.99, "Belady's first epoch is every episode once"
+            assert 0.99 <= float(ratio) <= 1.01, "a cold epoch downloads the dataset once"
+        if setting == "cache 1.5" and epoch == "2":
+            assert float(mb) == 0 and float(belady) == 0, "a warm epoch downloaded"
+        if setting == "cache 0.5" and epoch == "2":  # (1 - f) plus an episode per worker
+            assert float(ratio) <= 0.5 + 2 * largest + 0.001, (ratio, largest)
     assert "goal: warm epochs" in result.stdout and "goal: cold epoch" in result.stdout
     assert "machine:" in result.stdout

@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -105,9 +106,11 @@ def start_job(
     local_world: int | None = None,
     workers: int = 0,
     root: str | None = None,
+    job: dict | None = None,
     **dataset: object,
 ) -> list[tuple[subprocess.Popen, Path]]:
-    """A job's ranks started at once, each a process of its own (``support/cache_job.py``)."""
+    """A job's ranks started at once, each a process of its own (``support/cache_job.py``;
+    ``job``: more of its arguments)."""
     started = []
     for rank in range(ranks):
         out = tmp / f"job-{os.urandom(4).hex()}-rank{rank}.json"
@@ -118,6 +121,7 @@ def start_job(
             "workers": workers,
             "out": str(out),
             "dataset": {**DATASET, **dataset},
+            **(job or {}),
         }
         env = {
             **os.environ,
@@ -127,7 +131,12 @@ def start_job(
             "OMP_NUM_THREADS": "1",
         }
         command = [sys.executable, str(JOB), json.dumps(args)]
-        started.append((subprocess.Popen(command, env=env, stderr=subprocess.PIPE), out))
+        started.append(
+            (
+                subprocess.Popen(command, env=env, stderr=subprocess.PIPE, start_new_session=True),
+                out,
+            )
+        )
     return started
 
 
@@ -144,15 +153,25 @@ def run_job(remote: Remote, tmp: Path, **options: object) -> list[dict[str, list
 
 
 @contextmanager
-def sampled(measure: Callable[[], int], every_s: float = 0.01) -> Iterator[list[int]]:
-    """``measure()`` sampled on a thread for as long as the block runs."""
+def sampled_under_lock(folder: Path, pids: Callable[[], list[int]]) -> Iterator[list[int]]:
+    """The bytes the cache folder takes on disk (``support/cache_disk.py``: its files, and
+    files deleted while one of ``pids()`` still maps them), sampled on a thread under the
+    store's write lock for as long as the block runs."""
+    from support.cache_disk import disk_bytes
+
     samples: list[int] = []
     done = threading.Event()
 
     def run() -> None:
+        while not (folder / "cache.db").exists() and not done.is_set():
+            done.wait(0.01)
+        db = sqlite3.connect(folder / "cache.db", timeout=60, isolation_level=None)
         while not done.is_set():
-            samples.append(measure())
-            done.wait(every_s)
+            db.execute("BEGIN IMMEDIATE")
+            samples.append(disk_bytes(folder, pids()))
+            db.execute("ROLLBACK")
+            done.wait(0.01)
+        db.close()
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
@@ -163,6 +182,13 @@ def sampled(measure: Callable[[], int], every_s: float = 0.01) -> Iterator[list[
         thread.join()
 
 
+def job_pids(jobs: list) -> list[int]:
+    """The processes of running jobs: each rank and its DataLoader workers."""
+    pids = [proc.pid for job in jobs for proc, _ in job]
+    return pids + [c for pid in pids for c in children(pid)]
+
+
+@pytest.mark.slow
 def test_one_node_downloads_the_dataset_once(remote: Remote, tmp_path: Path):
     """2 ranks x 2 workers on one node, a cache larger than the dataset: the first epoch
     downloads each episode's bytes once (pieces of one episode in two parts included), the
@@ -185,10 +211,13 @@ def test_one_node_downloads_the_dataset_once(remote: Remote, tmp_path: Path):
             assert downloaded == 0, f"epoch {epoch} downloaded {downloaded} bytes"
 
 
-def belady(reads: list[int], sizes: np.ndarray, limit: int) -> int:
+def belady(
+    reads: list[int], sizes: np.ndarray, limit: int, pinned: list[set[int]] | None = None
+) -> int:
     """Bytes downloaded by a cache of ``limit`` bytes that, on a miss, keeps the episode if
     evicting the episodes read farthest in the future (and later than it) makes room: the
-    offline rule, written here apart from the reader's."""
+    offline rule, written here apart from the reader's. ``pinned[i]``: episodes that cannot be
+    evicted at read ``i`` (a pool holds them mapped: their blocks stay until it lets go)."""
     cached: set[int] = set()
     downloaded = 0
 
@@ -205,7 +234,8 @@ def belady(reads: list[int], sizes: np.ndarray, limit: int) -> int:
             continue
         free = limit - sum(int(sizes[e]) for e in cached)
         victims = []
-        for other in sorted(cached, key=lambda e: -next_read(e, i)):
+        evictable = cached - (pinned[i] if pinned else set())
+        for other in sorted(evictable, key=lambda e: -next_read(e, i)):
             if free >= sizes[episode] or next_read(other, i) <= mine:
                 break
             victims.append(other)
@@ -216,17 +246,23 @@ def belady(reads: list[int], sizes: np.ndarray, limit: int) -> int:
     return downloaded
 
 
-def planned_reads(ds: ShardedLeRobotDataset, epochs: range) -> list[int]:
-    """The one process's fetches, in order: every admission of its plan, epoch by epoch."""
-    from lerobot_shards.reader.plan.next_use import admissions
+def planned_reads(ds: ShardedLeRobotDataset, epochs: range) -> tuple[list[int], list[set[int]]]:
+    """The one process's fetches, in order (every admission of its plan, epoch by epoch), and
+    at each the episodes its pool holds (admitted, not yet evicted)."""
+    from lerobot_shards.reader.plan.pool import Admit, Evict
 
     ordering = ds._context().ordering
-    reads = []
+    reads, pinned = [], []
     for epoch in epochs:
         part = ds._planner.fresh_parts(ordering, 1, epoch)[0]
-        _, pieces = admissions(part.plan(ordering, ds.catalog.cost))
-        reads += part.episodes[pieces].tolist()
-    return reads
+        resident: dict[int, int] = {}  # piece -> episode
+        for event in part.plan(ordering, ds.catalog.cost):
+            if type(event) is Admit:
+                pinned.append(set(resident.values()))
+                reads.append(resident.setdefault(event.piece, int(part.episodes[event.piece])))
+            elif type(event) is Evict:
+                del resident[event.piece]
+    return reads, pinned
 
 
 @pytest.mark.parametrize("fraction", [0.25, 0.5])
@@ -251,15 +287,16 @@ def test_a_cache_smaller_than_the_dataset_keeps_what_is_read_soonest(
         downloads.append(remote.downloaded())
     for epoch in (1, 2):
         assert downloads[epoch] <= (1 - fraction) * remote.total + remote.sizes.max(), downloads
-    yardstick = belady(planned_reads(ds, range(3)), remote.sizes, limit)
+    yardstick = belady(planned_reads(ds, range(3))[0], remote.sizes, limit)
     assert sum(downloads) <= 1.05 * yardstick, (downloads, yardstick)
 
 
 def test_a_weighted_mixture_downloads_no_more_than_beladys_rule(remote: Remote, tmp_path: Path):
     """A mixture whose weights read the first half's episodes several times per epoch: eight
-    epochs through a cache of a third of the dataset download no more than Belady's rule on
-    the plan's reads, plus 5% (the fetches run a little ahead of the plan's order while a pool
-    fills, which is what the 5% is for)."""
+    epochs through a cache of a third of the dataset (five episodes, three of them held by the
+    pool at a time) download no more than Belady's rule on the plan's reads, with the pool's
+    episodes pinned (mapped, their blocks count until the pool lets go), plus 10% (the fetches
+    run ahead of the plan's order, and hold their episodes mapped longer than it says)."""
     limit = remote.total // 3
     EPOCHS = 8
     ds = ShardedLeRobotDataset(
@@ -279,13 +316,17 @@ def test_a_weighted_mixture_downloads_no_more_than_beladys_rule(remote: Remote, 
         remote.proxy.clear()
         assert len(list(ds)) == ds.epoch_samples
         total += remote.downloaded()
-    reads = planned_reads(ds, range(EPOCHS))
+    reads, pinned = planned_reads(ds, range(EPOCHS))
     assert len(reads) > len(set(reads)) + len(LENGTHS), "the weights read episodes repeatedly"
     # both members are the same shards: a global id's episode is its own index modulo 16
     offsets = ds.catalog.offsets
-    own = [r - offsets[int(np.searchsorted(offsets, r, side="right")) - 1] for r in reads]
-    yardstick = belady([int(e) for e in own], remote.sizes, limit)
-    assert total <= 1.05 * yardstick, (total, yardstick)
+
+    def own(r: int) -> int:
+        return int(r - offsets[int(np.searchsorted(offsets, r, side="right")) - 1])
+
+    pinned_own = [{own(r) for r in p} for p in pinned]
+    yardstick = belady([own(r) for r in reads], remote.sizes, limit, pinned_own)
+    assert total <= 1.10 * yardstick, (total, yardstick)
 
 
 def entry_file(folder: Path, checksum: str) -> Path:
@@ -366,33 +407,26 @@ def test_a_cache_that_cannot_be_written_streams_uncached_with_one_warning(
             subprocess.run(["umount", str(mounted)], check=True)
 
 
-def disk_use(folder: Path) -> int:
-    """Bytes of the cache's episodes on disk: entries and downloads being written (a file
-    that goes while it is counted counts as gone)."""
-    total = 0
-    for sub in ("entries", "tmp"):
-        for path in (folder / sub).rglob("*"):
-            with suppress(FileNotFoundError):
-                total += path.stat().st_size if path.is_file() else 0
-    return total
-
-
+@pytest.mark.slow
 @pytest.mark.parametrize("second", ["same dataset", "another dataset"])
 def test_two_jobs_share_one_cache_within_its_limit(
     remote: Remote, other_remote: Remote, tmp_path: Path, second: str
 ):
     """Two jobs at once on one cache folder of half the first dataset: both read exactly the
-    uncached reader's items, and the cache's files never exceed the limit."""
+    uncached reader's items, and the bytes on disk (files deleted while still mapped included,
+    sampled under the store's lock) never exceed the limit."""
     folder = tmp_path / "cache"
     limit = remote.total // 2
     cache = {"cache_dir": str(folder), "cache_limit_gb": limit / 1e9}
     second_remote = remote if second == "same dataset" else other_remote
-    with sampled(lambda: disk_use(folder)) as samples:
-        jobs = [
+    jobs: list = []
+    with sampled_under_lock(folder, lambda: job_pids(jobs)) as samples:
+        jobs += [
             start_job(remote, tmp_path, epochs=[0, 1], workers=2, **cache),
             start_job(second_remote, tmp_path, epochs=[0, 1], workers=2, **cache),
         ]
         got = [finish(job) for job in jobs]
+    assert samples
     assert max(samples) <= limit, max(samples)
     for job, which in zip(got, (remote, second_remote), strict=True):
         want = run_job(
@@ -410,41 +444,38 @@ def children(pid: int) -> list[int]:
     return found
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.platform != "linux", reason="reads child processes from /proc")
-def test_jobs_killed_at_random_points_leave_nothing_served(remote: Remote, tmp_path: Path):
-    """A job, or one of its DataLoader workers, SIGKILLed at a random moment of its downloads
-    and evictions, 20 times over one cache folder of half the dataset: the next job's items
-    are exact, no download in progress survives its start, and the limit holds throughout."""
+def test_jobs_killed_at_each_stage_leave_nothing_served(remote: Remote, tmp_path: Path):
+    """A job (2 DataLoader workers, a cache of half the dataset) SIGKILLed, with all its
+    processes, when one of them reaches each named stage of its downloads and evictions for
+    the second time: the next job's items are exact, nothing is left in tmp/, and the bytes on
+    disk (deleted files still mapped included, sampled under the store's lock) never exceed
+    the limit."""
     folder = tmp_path / "cache"
     limit = remote.total // 2
     cache = {"cache_dir": str(folder), "cache_limit_gb": limit / 1e9}
-    rng = np.random.default_rng(20)
-    killed = 0
-    with sampled(lambda: disk_use(folder)) as samples:
-        for attempt in range(20):
-            epochs = [4 * attempt + k for k in range(4)]  # long enough to be killed mid-way
-            ((proc, _),) = start_job(remote, tmp_path, epochs=epochs, workers=2, **cache)
-            before = disk_use(folder)
-            while proc.poll() is None and disk_use(folder) == before:  # downloads under way
-                time.sleep(0.005)
-            time.sleep(float(rng.uniform(0.0, 0.5)))
-            workers = children(proc.pid)
-            if proc.poll() is None:
-                victim = workers[0] if workers and attempt % 2 else proc.pid
-                with suppress(ProcessLookupError):
-                    os.kill(victim, signal.SIGKILL)
-                killed += 1
-            for pid in [proc.pid, *workers]:  # what the kill left (a whole job's workers)
-                with suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+    jobs: list = []
+    with sampled_under_lock(folder, lambda: job_pids(jobs)) as samples:
+        for n, stage in enumerate(["download", "rename", "commit", "eviction", "unlink"]):
+            stopped = tmp_path / f"stopped-{stage}"
+            job = {"stop_at": [stage, 2], "stopped": str(stopped)}
+            epochs = list(range(8 * n, 8 * n + 8))  # killed long before their end
+            jobs[:] = [start_job(remote, tmp_path, epochs=epochs, workers=2, job=job, **cache)]
+            ((proc, _),) = jobs[0]
+            while not stopped.exists():
+                assert proc.poll() is None, f"the job ended before it reached {stage}"
+                time.sleep(0.01)
+            os.kill(int(stopped.read_text() or proc.pid), signal.SIGKILL)
+            os.killpg(proc.pid, signal.SIGKILL)  # the rest of the job
             proc.communicate()
-        assert killed >= 10, "most attempts must be killed mid-epoch to test anything"
-        got = run_job(remote, tmp_path, epochs=[80], workers=2, **cache)
+        jobs[:] = []
+        got = run_job(remote, tmp_path, epochs=[40], workers=2, **cache)
     assert got == run_job(
-        remote, tmp_path, epochs=[80], workers=2, root=str(remote.local), cache=False
+        remote, tmp_path, epochs=[40], workers=2, root=str(remote.local), cache=False
     )
     assert not [p for p in (folder / "tmp").rglob("*") if p.is_file()]
-    assert max(samples) <= limit, max(samples)
+    assert samples and max(samples) <= limit, max(samples)
 
 
 NODES_SCRIPT = Path(__file__).parent / "dist_scripts" / "cache_nodes.py"
@@ -487,6 +518,7 @@ def launch_nodes(args: dict, nodes: int, out: Path) -> dict[int, dict]:
     return {int(p.stem.split("-")[1]): json.loads(p.read_text()) for p in out.glob("rank-*.json")}
 
 
+@pytest.mark.slow
 def test_two_nodes_each_keep_their_share(remote: Remote, tmp_path: Path):
     """Two nodes (two torchrun launches of 2 ranks, a cache folder each holding half the
     dataset and one episode): every epoch every frame exactly once over the 4 ranks, epochs 2
@@ -545,6 +577,127 @@ def test_cache_fill_makes_the_first_epoch_local(remote: Remote, tmp_path: Path):
     assert got == run_job(
         remote, tmp_path, epochs=[0], workers=2, root=str(remote.local), cache=False
     )
+
+
+FILL_SETTINGS = {
+    # name: (cache fill's flags, the job's dataset arguments, world size, ranks per node)
+    "no affinity on 2 nodes": (["--no-node-affinity"], {"node_affinity": False}, 4, 2),
+    "affinity on 2 nodes": ([], {}, 4, 2),
+    "9 of 16 episodes": (["--episodes", "0-8"], {"episodes": list(range(9))}, 1, 1),
+    "a weighted mixture": (["--weights", "3,1"], {"weights": [3, 1]}, 1, 1),
+    "a byte budget": (["--byte-budget-gb", "4e-5"], {"byte_budget_gb": 4e-5}, 1, 1),
+    # a checkpoint of one rank resumed on 2 (elastic: the rest of its epoch split over them)
+    "a resumed checkpoint": (["--no-node-affinity"], {"node_affinity": False}, 2, 1),
+}
+
+
+@pytest.mark.parametrize("setting", list(FILL_SETTINGS))
+def test_cache_fill_takes_the_jobs_settings(
+    remote: Remote, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, setting: str
+):
+    """``cache fill`` with each reader setting that changes the plan, as the job gives it (on
+    2 nodes a cache of 0.6 of the dataset, so node affinity is on by default; on one, one that
+    holds what the node reads): node 0's first epoch (or, resumed, the rest of it) then
+    downloads nothing."""
+    from click.testing import CliRunner
+
+    from lerobot_shards.cli import main
+
+    flags, job, world, local = FILL_SETTINGS[setting]
+    folder = tmp_path / "cache"
+    limit = (0.6 if world > 1 else 2) * remote.total / 1e9
+    mixture = setting == "a weighted mixture"
+    roots = [remote.url, remote.url] if mixture else [remote.url]
+    cache = {"cache_dir": str(folder), "cache_limit_gb": limit}
+
+    def open_rank(rank: int, world: int = world) -> ShardedLeRobotDataset:
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", str(world))
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", str(min(local, world)))
+        where = roots if mixture else roots[0]
+        return ShardedLeRobotDataset(
+            where, storage_options=remote.storage_options, **DATASET, **cache, **job
+        )
+
+    command = ["cache", "fill", *roots, "--storage-options", json.dumps(remote.storage_options)]
+    command += ["--cache-dir", str(folder), "--cache-limit-gb", str(limit), *flags]
+    command += ["--seed", str(DATASET["seed"]), "--buffer-size", str(DATASET["buffer_size"])]
+    command += ["--world-size", str(world), "--local-world-size", str(local), "--num-workers", "0"]
+    resumed = None
+    if setting == "a resumed checkpoint":  # a job of one rank stopped in epoch 2
+        first = open_rank(0, world=1)
+        first.set_epoch(2)
+        taken = [int(item["index"]) for _, item in zip(range(60), first, strict=False)]
+        resumed = first.state_dict()
+        (tmp_path / "state.json").write_text(json.dumps(resumed))
+        command += ["--resume", str(tmp_path / "state.json")]
+    result = CliRunner().invoke(main, command)
+    assert result.exit_code == 0, result.output
+    remote.proxy.clear()
+    read = []
+    for rank in range(local):  # node 0's ranks
+        ds = open_rank(rank)
+        if resumed is not None:
+            ds.load_state_dict(resumed)
+        read += [int(item["index"]) for item in ds]
+    assert read, "the job read its part"
+    if resumed is not None:
+        assert not set(taken) & set(read), "the rest of the epoch, nothing taken again"
+    assert remote.downloaded() == 0, f"{setting}: the first epoch downloaded"
+
+
+def test_cache_fill_resumes_a_mixed_batches_checkpoint_as_the_job_does(
+    remote: Remote, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """A checkpoint of a ``ShardedDataLoader`` whose batches mix its 2 workers' samples (the
+    default) on 2 nodes of 2 ranks, resumed on the same layout: ``cache fill --resume`` fills
+    the rest of node 0's own share, as the job resumes it exactly (not the elastic split a
+    state loaded for unmixed batches would give), so node 0 downloads nothing."""
+    from click.testing import CliRunner
+
+    from lerobot_shards import ShardedDataLoader
+    from lerobot_shards.cli import main
+
+    folder = tmp_path / "cache"
+    limit = 0.6 * remote.total / 1e9  # node affinity on by default
+
+    def loader(rank: int, cache_dir: Path) -> ShardedDataLoader:
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "4")
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+        ds = ShardedLeRobotDataset(
+            remote.url,
+            storage_options=remote.storage_options,
+            cache_dir=str(cache_dir),
+            cache_limit_gb=limit,
+            **DATASET,
+        )
+        return ShardedDataLoader(ds, batch_size=4, num_workers=2)
+
+    first = loader(0, tmp_path / "stopped")  # the job before the checkpoint
+    assert first.mixed_batches
+    first.dataset.set_epoch(2)
+    for _, _batch in zip(range(3), first, strict=False):
+        pass
+    state = first.state_dict()
+    assert state["mixed_batches"]
+    del first
+    (tmp_path / "state.json").write_text(json.dumps(state))
+    command = ["cache", "fill", remote.url, "--storage-options", json.dumps(remote.storage_options)]
+    command += ["--cache-dir", str(folder), "--cache-limit-gb", str(limit)]
+    command += ["--seed", str(DATASET["seed"]), "--buffer-size", str(DATASET["buffer_size"])]
+    command += ["--world-size", "4", "--local-world-size", "2", "--node-rank", "0"]
+    command += ["--num-workers", "2", "--resume", str(tmp_path / "state.json")]
+    result = CliRunner().invoke(main, command)
+    assert result.exit_code == 0, result.output
+    remote.proxy.clear()
+    read = []
+    for rank in range(2):  # node 0's ranks resume through their loaders
+        job = loader(rank, folder)
+        job.load_state_dict(state)
+        read += [int(i) for batch in job for i in batch["index"]]
+    assert read, "the job read the rest of its epoch"
+    assert remote.downloaded() == 0, "the resumed epoch downloaded"
 
 
 def test_which_roots_are_cached_by_default(remote: Remote, tmp_path: Path):

@@ -26,6 +26,7 @@ from lerobot_shards.reader.plan.elastic import (
     Planner,
     node_parts,
 )
+from lerobot_shards.reader.plan.nodes import Nodes
 from lerobot_shards.reader.plan.partition import samples_per_part, split_parts
 from lerobot_shards.reader.plan.pool import (
     READER_GROUP,
@@ -307,11 +308,18 @@ def test_nothing_left_gives_empty_parts(pad):
     assert [p.num_samples for p in parts] == [0, 0, 0]
 
 
-node_layouts = st.builds(
-    lambda nodes, local, workers: Layout(nodes * local, workers, nodes),
-    st.integers(1, 3),
-    st.integers(1, 2),
-    st.integers(0, 2),
+node_layouts = st.one_of(
+    st.builds(
+        lambda nodes, local, workers: Layout(nodes * local, workers, nodes),
+        st.integers(1, 3),
+        st.integers(1, 2),
+        st.integers(0, 2),
+    ),
+    st.builds(  # nodes of unequal sizes, ranks in any order (issue 42)
+        lambda names, workers: Layout(len(names), workers, Nodes.of_names(names)),
+        st.lists(st.integers(0, 2), min_size=1, max_size=5),
+        st.integers(0, 2),
+    ),
 )
 
 
@@ -358,10 +366,10 @@ def test_node_affine_checkpoint_resumes_on_other_nodes(
         assert len({parts[0].num_samples for parts in stream}) == 1
     nxt = planner.fresh_parts(new_ordering, new.num_parts, epoch + 1, new.nodes)
     assert nxt == planner.fresh_parts(new_ordering, new.num_parts, epoch + 1, new.nodes)
-    if affinity and new.nodes > 1:  # each new node's share is the one it reads every epoch
+    if affinity and new.nodes.count > 1:  # each new node's share is the one it reads every epoch
         later = planner.fresh_parts(new_ordering, new.num_parts, epoch + 7, new.nodes)
-        for rank in range(0, new.world_size, new.local_world_size):
-            mine = node_parts(new, rank)
+        for node in range(new.nodes.count):
+            mine = node_parts(new, new.nodes.ranks(node)[0])
             assert {i for q in mine for i in part_draws(planner, nxt[q], new_ordering)} == {
                 i for q in mine for i in part_draws(planner, later[q], new_ordering)
             }

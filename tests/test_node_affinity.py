@@ -1,11 +1,14 @@
-"""Node affinity (issue 38, item 4): with ranks on several nodes, each node reads the same
-episodes every epoch, shuffled over its ranks and workers, every frame still exactly once per
-epoch over all ranks, every part still yielding as many samples (reader/plan/partition.py
-``split_nodes``, reader/plan/elastic.py ``Planner.fresh_parts``).
+"""Node affinity (issue 38, item 4; unequal nodes, issue 42): with ranks on several nodes,
+each node reads the same episodes every epoch, shuffled over its ranks and workers, every frame
+still exactly once per epoch over all ranks, every part still yielding as many samples
+(reader/plan/partition.py ``split_nodes``, reader/plan/elastic.py ``Planner.fresh_parts``).
+Nodes may hold unequal numbers of ranks, numbered in any order (reader/plan/nodes.py).
 
 What a part owns is read from its pieces, and what it yields from a replay of its pool's plan
-(``first_draws``), not from the split's own arithmetic; the last test streams a real dataset as
-4 ranks on 2 simulated nodes (RANK, WORLD_SIZE, LOCAL_WORLD_SIZE set per rank in process).
+(``first_draws``), not from the split's own arithmetic; equal nodes split exactly as before
+unequal ones were supported (a copy of that code is the reference); the last test streams a
+real dataset as 4 ranks on 2 simulated nodes (RANK, WORLD_SIZE, LOCAL_WORLD_SIZE set per rank
+in process).
 """
 
 from __future__ import annotations
@@ -20,9 +23,16 @@ from hypothesis import strategies as st
 
 import lerobot_shards
 from lerobot_shards import ShardedLeRobotDataset
-from lerobot_shards.reader.loading.dataset import node_count
 from lerobot_shards.reader.plan.elastic import Layout, Ordering, Part, Planner, node_parts
-from lerobot_shards.reader.plan.partition import part_index, samples_per_part, split_parts
+from lerobot_shards.reader.plan.nodes import Nodes
+from lerobot_shards.reader.plan.partition import (
+    Pieces,
+    node_places,
+    part_index,
+    samples_per_part,
+    split_nodes,
+    split_parts,
+)
 from lerobot_shards.reader.plan.pool import first_draws
 from lerobot_shards.testing.factory import make_dataset
 
@@ -49,12 +59,25 @@ def ordering_of(seed: int, shuffle: bool, pad: bool, affinity: bool) -> Ordering
     return Ordering(seed, shuffle, 2, None, pad, False, affinity)
 
 
-layouts = st.builds(
+even_layouts = st.builds(
     lambda nodes, local, workers: Layout(nodes * local, workers, nodes),
     st.integers(1, 4),
     st.integers(1, 3),
     st.integers(0, 3),
 )
+layouts = st.one_of(
+    even_layouts,
+    st.builds(  # any ranks on any nodes: unequal sizes, ranks not numbered node by node
+        lambda names, workers: Layout(len(names), workers, Nodes.of_names(names)),
+        st.lists(st.integers(0, 3), min_size=1, max_size=8),
+        st.integers(0, 3),
+    ),
+)
+
+
+def first_ranks(layout: Layout) -> list[int]:
+    """One rank of each node."""
+    return [layout.nodes.ranks(n)[0] for n in range(layout.nodes.count)]
 
 
 @settings(max_examples=150, deadline=None)
@@ -104,12 +127,14 @@ def test_a_node_reads_the_same_frames_every_epoch(lengths, layout, seed, epochs,
     for epoch in epochs:
         parts = planner.fresh_parts(ordering, layout.num_parts, epoch, layout.nodes)
         per_node = []
-        for first_rank in range(0, layout.world_size, layout.local_world_size):
+        for first_rank in first_ranks(layout):
             mine = node_parts(layout, first_rank)
             per_node.append(sorted(i for q in mine for i in owned(planner, parts[q])))
         node_sets.append(per_node)
-        sizes = [len(s) for s in per_node]
-        assert max(sizes) - min(sizes) <= 1
+        total, parts = sum(lengths), layout.num_parts
+        for share, rank in zip(per_node, first_ranks(layout), strict=True):
+            exact = total * len(node_parts(layout, rank)) / parts  # in proportion to parts
+            assert abs(len(share) - exact) < 1
     assert all(s == node_sets[0] for s in node_sets)
 
 
@@ -168,28 +193,80 @@ def test_without_affinity_or_on_one_node_the_parts_are_the_plain_split(
 
 
 @settings(max_examples=60, deadline=None)
-@given(layout=layouts, seed=st.integers(0, 2**16))
-def test_node_parts_are_the_parts_of_the_ranks_of_one_node(layout, seed):
-    local = layout.local_world_size
+@given(layout=layouts)
+def test_node_parts_are_the_parts_of_the_ranks_of_one_node(layout):
     for rank in range(layout.world_size):
-        node = rank // local
+        node = layout.nodes.of_rank[rank]
         want = [
             part_index(r, layout.world_size, w, layout.num_workers)[0]
-            for r in range(node * local, node * local + local)
+            for r in range(layout.world_size)
+            if layout.nodes.of_rank[r] == node
             for w in range(layout.workers)
         ]
         assert node_parts(layout, rank) == want
 
 
-def test_layouts_and_environments_that_split_ranks_unevenly_are_refused(monkeypatch):
-    with pytest.raises(ValueError, match="cannot run on 2 nodes"):
-        Layout(3, 1, 2)
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
-    assert node_count(4) == 2
-    with pytest.raises(ValueError, match="not a whole number of nodes of LOCAL_WORLD_SIZE 2"):
-        node_count(3)
-    monkeypatch.delenv("LOCAL_WORLD_SIZE")
-    assert node_count(8) == 1  # without torchrun's LOCAL_WORLD_SIZE: one node
+def split_even_nodes_before(episodes, lengths, nodes, per_node, *, place, seed, epoch, shuffle):
+    """``split_nodes`` as it was before nodes of unequal sizes (a copy of that code): equal
+    shares cut with ``_cut``'s equal sizes, each shuffled and cut into ``per_node`` parts."""
+
+    def cut(pieces: Pieces, num_parts: int) -> list[Pieces]:
+        ends = np.cumsum(pieces.counts)
+        begins = ends - pieces.counts
+        total = int(ends[-1]) if len(ends) else 0
+        sizes = np.asarray(samples_per_part(total, num_parts, pad=False), dtype=np.int64)
+        bounds = np.concatenate([[0], np.cumsum(sizes)])
+        out = []
+        for p in range(num_parts):
+            lo, hi = int(bounds[p]), int(bounds[p + 1])
+            first = int(np.searchsorted(ends, lo, side="right"))
+            last = int(np.searchsorted(begins, hi, side="left"))
+            eps = pieces.episodes[first:last]
+            b, o = begins[first:last], pieces.starts[first:last]
+            starts = np.maximum(b, lo) - b + o
+            stops = np.minimum(ends[first:last], hi) - b + o
+            sort = np.argsort(eps, kind="stable")
+            out.append(Pieces(eps[sort], starts[sort], stops[sort]))
+        return out
+
+    episodes, lengths, place = (np.asarray(a, dtype=np.int64) for a in (episodes, lengths, place))
+    kept = np.flatnonzero(lengths > 0)
+    kept = kept[np.argsort(episodes[kept], kind="stable")]
+    episodes, lengths, place = episodes[kept], lengths[kept], place[kept]
+    by_place = np.argsort(place, kind="stable")
+    shares = cut(Pieces(episodes[by_place], np.zeros_like(lengths), lengths[by_place]), nodes)
+    parts = []
+    for node, share in enumerate(shares):
+        if shuffle and per_node > 1:
+            entropy = [seed, epoch, 0xFFFF_FFFC, nodes, node, per_node]
+            order = np.random.default_rng(entropy).permutation(len(share))
+            share = Pieces(share.episodes[order], share.starts[order], share.stops[order])
+        parts += cut(share, per_node)
+    return parts
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 15), min_size=1, max_size=20),
+    nodes=st.integers(1, 4),
+    per_node=st.integers(1, 4),
+    seed=st.integers(0, 2**32 - 1),
+    epoch=st.integers(0, 30),
+    shuffle=st.booleans(),
+)
+def test_equal_nodes_split_as_before_unequal_ones_were_supported(
+    lengths, nodes, per_node, seed, epoch, shuffle
+):
+    """Checkpoints taken on equal nodes replay the very parts they were taken with."""
+    episodes = np.arange(len(lengths)) * 3
+    place = node_places(episodes, seed, shuffle)
+    args = {"place": place, "seed": seed, "epoch": epoch, "shuffle": shuffle}
+    got = split_nodes(episodes, np.array(lengths), [per_node] * nodes, **args)
+    want = split_even_nodes_before(episodes, lengths, nodes, per_node, **args)
+    assert got == want
+    groups = Nodes.even(nodes, nodes).part_groups(per_node)
+    sizes = samples_per_part(sum(lengths), nodes * per_node, False, groups)
+    assert sizes == [int(p.counts.sum()) for p in want]
 
 
 # ---------------------------------------------------------------------- a real stream

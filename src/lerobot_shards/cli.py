@@ -14,6 +14,7 @@ from collections.abc import Callable
 from contextlib import ExitStack
 
 import click
+from click.core import ParameterSource
 
 
 def parse_episodes(spec: str) -> list[int]:
@@ -128,6 +129,12 @@ LAYOUT = click.option(
     help="A target layout (JSON, or YAML with PyYAML) every dataset is mapped into: a mixture "
     "across robots (docs/embodiments.md).",
 )
+EPISODES = click.option(
+    "--episodes",
+    show_default="all",
+    help="A selection of episodes by index, e.g. 0,3,5-9: those convert converts, those the "
+    "job that cache fill fills for reads.",
+)
 AS_JSON = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 CACHE_DIR = click.option(
     "--cache-dir",
@@ -191,7 +198,7 @@ def main() -> None:
 @main.command()
 @click.argument("source")
 @click.argument("dest")
-@click.option("--episodes", show_default="all", help="Episodes to convert, e.g. 0,3,5-9.")
+@EPISODES
 @CONVERTER_WORKERS
 @storage_options()
 @storage_options("--dest-storage-options", "written to")
@@ -653,46 +660,64 @@ def open_cache(cache_dir: str | None):
 
 
 @cache.command("fill")
-@click.argument("root")
-@storage_options()
-@CACHE_DIR
+@click.argument("roots", nargs=-1)
 @click.option(
-    "--cache-limit-gb",
-    type=click.FloatRange(min=0, min_open=True),
-    show_default="the folder's last limit, else half the disk's free space plus what the "
-    "cache holds",
-    help="Most GB (10**9 bytes) the cache holds; it never takes the last 5% of the disk (at "
-    "most 1 GiB).",
+    "--resume",
+    "resume_path",
+    type=click.Path(exists=True, dir_okay=False),
+    show_default="a fresh epoch",
+    help="Fill what a resumed job reads first: a state it loads (a loader's state_dict as "
+    "JSON), or a lerobot-shards train checkpoint's training_state/lerobot_shards.json (its "
+    "shards and their settings too, unless ROOTS and the flags give others). The options left "
+    "at their defaults take the state's values.",
+)
+@WEIGHTS
+@EPISODES
+@click.option(
+    "--eval-split",
+    type=click.FloatRange(0, 1, max_open=True),
+    default=0.0,
+    show_default=True,
+    help="The job's --dataset.eval_split: the episodes lerobot-shards train holds out are not "
+    "read by its training loader.",
+)
+@storage_options()
+@SEED
+@BUFFER_SIZE
+@BYTE_BUDGET
+@cache_options
+@click.option(
+    "--nodes",
+    "node_sizes",
+    show_default="--world-size over --local-world-size",
+    help="Ranks on each node, in rank order, e.g. 2,4,2 (torchrun's --nproc-per-node of each "
+    "node); or --world-size with --local-world-size.",
 )
 @click.option(
     "--world-size",
     type=click.IntRange(min=1),
-    default=1,
-    show_default=True,
+    show_default="the state's, else 1",
     help="The training job's ranks, over all nodes.",
 )
 @click.option(
     "--local-world-size",
     type=click.IntRange(min=1),
     show_default="--world-size, one node",
-    help="Ranks per node (torchrun's --nproc_per_node).",
+    help="Ranks per node, the same on every node (torchrun's --nproc-per-node).",
 )
 @click.option(
     "--node-rank",
     type=click.IntRange(min=0),
     default=0,
     show_default=True,
-    help="The node to fill for (torchrun's --node_rank).",
+    help="The node to fill for (torchrun's --node-rank).",
 )
 @NUM_WORKERS
-@SEED
-@BUFFER_SIZE
 @click.option(
     "--epoch",
     type=click.IntRange(min=0),
-    default=0,
-    show_default=True,
-    help="The epoch whose first reads are filled.",
+    show_default="0, or with --resume the rest of the state's epoch",
+    help="A fresh epoch whose first reads are filled.",
 )
 @click.option(
     "--threads",
@@ -702,41 +727,147 @@ def open_cache(cache_dir: str | None):
     help="Downloads at once.",
 )
 def cache_fill(
-    root: str, storage_options: dict, cache_dir: str | None, cache_limit_gb: float | None,
-    world_size: int, local_world_size: int | None, node_rank: int, num_workers: int, seed: int,
-    buffer_size: int, epoch: int, threads: int,
+    roots: tuple[str, ...], resume_path: str | None, weights: str | None, episodes: str | None,
+    eval_split: float, storage_options: dict, seed: int, buffer_size: int,
+    byte_budget_gb: float | None, cache: bool | None, cache_dir: str | None,
+    cache_limit_gb: float | None, node_affinity: bool | None, node_sizes: str | None,
+    world_size: int | None, local_world_size: int | None, node_rank: int, num_workers: int,
+    epoch: int | None, threads: int,
 ) -> None:  # fmt: skip
-    """Download ahead what one node of a training job reads in its first epoch (ROOT, with the
-    job's layout, DataLoader workers, seed and pool size), soonest first, as far as the cache
-    holds it."""
+    """Download ahead what one node of a training job reads first (ROOT, or several ROOTS: a
+    mixture), soonest first, as far as the cache holds it. Give it the job's reader settings
+    (the options stream and train take), its layout, and, for a resumed job, the state it
+    resumes from: what it fills is then what the job's first epoch reads on that node."""
     from lerobot_shards import ShardedLeRobotDataset
     from lerobot_shards.format import FormatError
 
-    local = local_world_size or world_size
-    if world_size % local or node_rank >= world_size // local:
-        raise click.BadParameter(
-            f"{world_size} ranks of {local} per node have no node {node_rank}",
-            param_hint="--node-rank",
-        )
-    # the node's first rank, as torchrun would number it: the reader plans from these
-    os.environ.update(
-        RANK=str(node_rank * local), WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(local)
-    )
+    if cache is False:
+        raise click.UsageError("cache fill fills the cache: --no-cache has no place here")
+    state, shards = read_resume(resume_path)
+    given = click.get_current_context().get_parameter_source
+    saved = state or {}
+
+    def default(name: str, value: object, recorded: object) -> object:
+        """The option's value where given, else what the state or checkpoint recorded."""
+        if given(name) is not ParameterSource.DEFAULT or recorded is None:
+            return value
+        return recorded
+
+    if roots:
+        shards = {"roots": list(roots)}
+    if not shards.get("roots"):
+        raise click.UsageError("give ROOT (or a lerobot-shards train checkpoint's --resume)")
+    roots = tuple(shards["roots"])
+    settings = {
+        "weights": parse_weights(weights, len(roots)) if weights else shards.get("weights"),
+        "storage_options": default("storage_options", storage_options, shards.get(
+            "storage_options"
+        )),
+        "buffer_size": default("buffer_size", buffer_size, shards.get("buffer_size") or saved.get(
+            "buffer_size"
+        )),
+        "byte_budget_gb": byte_budget_gb or shards.get("byte_budget_gb"),
+        "seed": default("seed", seed, saved.get("seed")),
+        "cache_dir": cache_dir or shards.get("cache_dir"),
+        "cache_limit_gb": cache_limit_gb or shards.get("cache_limit_gb"),
+        "node_affinity": node_affinity if node_affinity is not None else shards.get(
+            "node_affinity"
+        ),
+    }  # fmt: skip
+    world = fill_world(node_sizes, world_size, local_world_size, node_rank, state)
     try:
         ds = ShardedLeRobotDataset(
-            root,
-            storage_options=storage_options,
-            seed=seed,
-            buffer_size=buffer_size,
-            **cache_settings(True, cache_dir, cache_limit_gb, None),
+            list(roots) if len(roots) > 1 else roots[0],
+            cache=True,
+            episodes=fill_episodes(roots, episodes, eval_split, settings["storage_options"]),
+            **settings,
         )
-        ds.num_workers = num_workers
-        count, total = ds.fill_cache(epoch, threads)
+        ds.num_workers = default("num_workers", num_workers, saved.get("num_workers"))
+        resumed = state is not None and epoch is None
+        count, total = ds.fill_cache(
+            None if resumed else epoch or 0, threads, world=world, state=state if resumed else None
+        )
     except (FormatError, FileNotFoundError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(
         f"cache fill: {count} episodes, {total / 1e6:.1f} MB read through {ds.cache.directory}"
     )
+
+
+def read_resume(path: str | None) -> tuple[dict | None, dict]:
+    """The state a job resumes from and the shards' settings a train checkpoint records."""
+    if path is None:
+        return None, {}
+    try:
+        with open(path) as f:
+            saved = json.load(f)
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"{path} is not JSON: {exc}", param_hint="--resume") from None
+    if "data" in saved and "shards" in saved:  # lerobot-shards train's lerobot_shards.json
+        return saved["data"], saved["shards"]
+    if "epoch" not in saved:
+        raise click.BadParameter(f"{path} holds no reader state", param_hint="--resume")
+    return saved, {}
+
+
+def fill_world(
+    node_sizes: str | None,
+    world_size: int | None,
+    local_world_size: int | None,
+    node_rank: int,
+    state: dict | None,
+):
+    """The job's world as ``cache fill`` plans it: the ranks of each node (``--nodes``, or
+    ``--world-size`` over ``--local-world-size``, or the state's), filled for ``--node-rank``'s."""
+    from lerobot_shards.reader.loading.world import World
+    from lerobot_shards.reader.plan.nodes import Nodes
+
+    if node_sizes is not None:
+        if world_size is not None or local_world_size is not None:
+            raise click.UsageError("give --nodes, or --world-size and --local-world-size")
+        try:
+            sizes = [int(n) for n in node_sizes.split(",")]
+        except ValueError:
+            raise click.BadParameter(f"{node_sizes!r} is not like 2,4,2", "--nodes") from None
+        if not sizes or min(sizes) < 1:
+            raise click.BadParameter(f"{node_sizes!r}: every node has a rank", "--nodes")
+        nodes = Nodes(tuple(n for n, size in enumerate(sizes) for _ in range(size)))
+    elif world_size is None and state is not None:
+        nodes = Nodes.from_state(state.get("nodes", 1), int(state["world_size"]))
+    else:
+        world = world_size or 1
+        local = local_world_size or world
+        if world % local:
+            raise click.BadParameter(
+                f"{world} ranks are not nodes of {local}", param_hint="--local-world-size"
+            )
+        nodes = Nodes.even(world, world // local)
+    if node_rank >= nodes.count:
+        raise click.BadParameter(
+            f"the job has {nodes.count} nodes, no node {node_rank}", param_hint="--node-rank"
+        )
+    return World(nodes.ranks(node_rank)[0], nodes.world_size, nodes)
+
+
+def fill_episodes(
+    roots: tuple[str, ...], episodes: str | None, eval_split: float, storage_options: dict | None
+) -> list[int] | None:
+    """The episodes the job's training loader reads: ``--episodes``, less what
+    ``--eval-split`` holds out as lerobot-shards train does (``train/datasets.py``)."""
+    selected = parse_episodes(episodes) if episodes is not None else None
+    if not eval_split:
+        return selected
+    if len(roots) > 1:
+        raise click.BadParameter("--eval-split takes one ROOT, as train does", "--eval-split")
+    from lerobot_shards import ShardedLeRobotDataset
+    from lerobot_shards.train.datasets import split_by_task
+
+    manifest = ShardedLeRobotDataset(
+        roots[0], episodes=selected, storage_options=storage_options, cache=False
+    ).manifest
+    first_tasks = [tasks[0] if tasks else "" for tasks in manifest["tasks"].to_pylist()]
+    train, _ = split_by_task(manifest["episode_index"].to_pylist(), first_tasks, eval_split)
+    return train
 
 
 @cache.command("ls")

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from lerobot_shards.reader.loading.dataset import ShardedLeRobotDataset, rank_and_world_size
+from lerobot_shards.reader.loading.dataset import ShardedLeRobotDataset
 from lerobot_shards.reader.loading.loader import ShardedDataLoader
 
 if TYPE_CHECKING:
@@ -223,8 +223,7 @@ def stream(
         **dict(dataset_options or {}),
     )
     ds.num_workers = workers
-    _, world = rank_and_world_size()
-    counter = _FetchCounter(ds, world * max(1, workers))
+    counter = _FetchCounter(ds, ds._context().world_size * max(1, workers))
     shape = {key: int(np.prod(ds.meta.features[key]["shape"])) for key in ds.meta.camera_keys}
     loader = ShardedDataLoader(
         ds,

@@ -80,8 +80,32 @@ def owner_of_tmp(name: str) -> Owner | None:
     return Owner(host, int(pid), int(rest))
 
 
-def tmp_name(owner: Owner) -> str:
-    return f"{owner.tag()}-{secrets.token_hex(8)}"
+def tmp_name(owner: Owner, key: str | None = None) -> str:
+    """A temporary file's name: its writer, a random part, and the entry an eviction moved
+    there (``host.pid.start-random[.hex]``), so that an eviction cut short can be undone."""
+    name = f"{owner.tag()}-{secrets.token_hex(8)}"
+    return name if key is None else f"{name}.{hex_of(key)}"
+
+
+def key_of_tmp(name: str) -> str | None:
+    """The entry an evicted file in tmp/ was (``tmp_name``), None for a download."""
+    _, _, rest = name.rpartition("-")
+    _, dot, digest = rest.partition(".")
+    if not dot:
+        return None
+    try:
+        return f"sha256:{hex_of('sha256:' + digest)}"
+    except ValueError:
+        return None
+
+
+def scan(folder: Path) -> list[os.DirEntry]:
+    """The entries of ``folder`` (none if it went away)."""
+    try:
+        with os.scandir(folder) as found:
+            return list(found)
+    except FileNotFoundError:
+        return []
 
 
 def hex_of(key: str) -> str:
@@ -129,23 +153,12 @@ def free_floor(directory: Path) -> int:
     return min(free_bytes(directory)[1] // 20, 1 << 30)
 
 
-def held_bytes(entries: Path) -> int:
-    """Bytes of the files under ``entries/`` (what the cache holds now)."""
-    total = 0
-    if not entries.is_dir():
-        return 0
-    for sub in os.scandir(entries):
-        if sub.is_dir(follow_symlinks=False):
-            total += sum(f.stat().st_size for f in os.scandir(sub.path) if f.is_file())
-    return total
-
-
 def entry_files(entries: Path) -> dict[str, Path]:
     """``sha256:<hex>`` -> path of every entry file on disk."""
     found = {}
-    for sub in os.scandir(entries):
+    for sub in scan(entries):
         if sub.is_dir(follow_symlinks=False):
-            for f in os.scandir(sub.path):
+            for f in scan(Path(sub.path)):
                 found[f"sha256:{f.name}"] = Path(f.path)
     return found
 

@@ -9,7 +9,9 @@ another process of the node downloads the same episode, this one waits for it ra
 downloading it twice.
 
 The cache never stops training: a folder that cannot be written, a full disk or a broken
-database makes the first failure a warning and every later read uncached.
+database makes the first failure a warning and every later read uncached; a transient failure
+(a database busy past its timeout, a file another process removed meanwhile) costs one
+uncached read and the cache stays in use.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -65,14 +68,15 @@ class CachedReads:
 
     def store(self) -> CacheStore | None:
         """This process's store (opened by the first of its fetch threads to ask), or None
-        once the cache has failed here (warned once)."""
+        once the cache has failed here (warned once), or while it cannot be opened for a
+        transient reason (asked again at the next read)."""
         with self._opening:
-            if not self._broken and self._pid != os.getpid():
+            if not self._broken and (self._pid != os.getpid() or self._store is None):
                 self._store, self._pid = None, os.getpid()
                 try:
                     self._store = CacheStore(self.directory, self.limit_bytes)
                 except CacheUnavailable as exc:
-                    self._give_up(exc)
+                    self._failed(exc)
             return self._store
 
     def read(
@@ -84,27 +88,29 @@ class CachedReads:
         next_use: float,
         priority: Callable[[str], float | None],
         label: str,
+        job: str = "",
     ) -> bytes | memoryview:
         """The span's verified bytes, from the cache or fetched (and cached if admitted).
 
-        ``next_use``: when this node reads the episode again after this read (``time.time()``
-        scale; ``math.inf``: never); ``priority(key)``: the same for any cached key this reader
-        knows, None for a key that is not its own (another job's)."""
+        ``next_use``: when this node's ``job`` reads the episode again after this read
+        (``time.time()`` scale; ``math.inf``: never); ``priority(key)``: the same for any
+        cached key the job knows, None for a key that is not its own (another job's)."""
         store = self.store()
         if store is None:
             return read_span(fs, span, retries=retries)
+        key, size = span.checksum, span.size
         try:
-            data = store.get(span.checksum, span.size)
+            data = store.get(key, size, job, next_use)
             if data is not None:
                 return data
-            outcome = store.reserve(span.checksum, span.size, next_use, priority, label)
+            outcome = store.reserve(key, size, next_use, priority, label, job)
             if isinstance(outcome, Ready | Wait):
                 if isinstance(outcome, Wait):
-                    store.wait_ready(span.checksum, WAIT_S)
-                data = store.get(span.checksum, span.size)
+                    store.wait_ready(key, WAIT_S)
+                data = store.get(key, size, job, next_use)
                 return data if data is not None else read_span(fs, span, retries=retries)
         except CacheUnavailable as exc:
-            self._give_up(exc)
+            self._failed(exc)
             return read_span(fs, span, retries=retries)
         if not isinstance(outcome, Reservation):  # not admitted: read through
             return read_span(fs, span, retries=retries)
@@ -116,11 +122,26 @@ class CachedReads:
         try:
             outcome.commit(data)
         except CacheUnavailable as exc:
-            self._give_up(exc)
+            self._failed(exc)
         return data
 
-    def _give_up(self, exc: Exception) -> None:
-        """Warn once and stream uncached from now on in this process."""
+    def job_clock(self, job: str, draw: int, pace: float) -> tuple[float, float]:
+        """The store's clock of ``job`` (``CacheStore.job_clock``); without a store, one made
+        here: ``(start, pace)`` with draw ``draw`` now."""
+        store = self.store()
+        if store is not None:
+            try:
+                return store.job_clock(job, draw, pace)
+            except CacheUnavailable as exc:
+                self._failed(exc)
+        return time.time() - draw * pace, pace
+
+    def _failed(self, exc: CacheUnavailable) -> None:
+        """A transient failure costs this read only; any other: warn once and stream
+        uncached from now on in this process."""
+        if exc.transient:
+            log.info("the episode cache in %s: %s; this read goes uncached", self.directory, exc)
+            return
         if not self._broken:
             log.warning(
                 "the episode cache in %s cannot be used (%s); streaming uncached",

@@ -55,6 +55,12 @@ def map_span(path: str, offset: int, size: int) -> memoryview | None:
     return memoryview(mapping)[offset - start : offset - start + size]
 
 
+def map_descriptor(fd: int, size: int) -> memoryview:
+    """The first ``size`` bytes of the open file ``fd``, mapped read-only. The mapping keeps a
+    duplicate of ``fd`` (and so any ``flock`` taken on it) until it is released."""
+    return memoryview(mmap.mmap(fd, size, access=mmap.ACCESS_READ))
+
+
 def is_mapped(data: object) -> bool:
     """Whether ``data`` is a view of a mapping made by :func:`map_span`."""
     return SUPPORTED and isinstance(data, memoryview) and isinstance(data.obj, mmap.mmap)

@@ -13,6 +13,7 @@ workers know the epoch in ``worker_epochs``; each worker's share of the byte bud
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -34,14 +35,16 @@ from lerobot_shards.reader.loading.mixed import Mixing, Segment, ring_writer, se
 from lerobot_shards.reader.loading.node_cache import NodeSchedule
 from lerobot_shards.reader.loading.stream import StreamOptions, decode_thread_count, stream_part
 from lerobot_shards.reader.loading.worker_epochs import WorkerEpochs
+from lerobot_shards.reader.loading.world import World, current_world, worker_world
 from lerobot_shards.reader.meta.catalog import Catalog, DatasetRoot, ItemOptions, Member, as_sources
 from lerobot_shards.reader.meta.embodiment import TargetLayout
 from lerobot_shards.reader.meta.layout_meta import LayoutMeta
 from lerobot_shards.reader.meta.metadata import DatasetMeta, MixtureMeta, Selection
 from lerobot_shards.reader.meta.placement import place_members
 from lerobot_shards.reader.meta.schema import check_batchable, item_schema
-from lerobot_shards.reader.plan.elastic import Layout, Ordering, Part, Planner, node_parts
+from lerobot_shards.reader.plan.elastic import Checkpoint, Ordering, Part, Planner
 from lerobot_shards.reader.plan.mixture import MixturePlan, samples_per_dataset
+from lerobot_shards.reader.plan.nodes import Nodes
 from lerobot_shards.reader.plan.partition import part_index, samples_per_part
 from lerobot_shards.reader.plan.pool_budget import PoolBudget, split_budget
 from lerobot_shards.reader.plan.state import Context, Position
@@ -53,35 +56,11 @@ __all__ = [
     "LayoutMeta",
     "MixtureMeta",
     "ShardedLeRobotDataset",
-    "node_count",
-    "rank_and_world_size",
 ]
 
 GB = 10**9
 DEFAULT_FRAME_CACHE_GB = 0.5
 """Decoded frames held per rank (split over its DataLoader workers) unless set otherwise."""
-
-
-def rank_and_world_size() -> tuple[int, int]:
-    """From torch.distributed when initialised, else ``RANK``/``WORLD_SIZE``, else 0 and 1."""
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-
-
-def node_count(world_size: int) -> int:
-    """Nodes the ``world_size`` ranks run on: ``world_size / LOCAL_WORLD_SIZE`` (torchrun sets
-    it: the ranks of a node, numbered consecutively); without it, all ranks are one node."""
-    local = os.environ.get("LOCAL_WORLD_SIZE")
-    if local is None:
-        return 1
-    local_world = int(local)
-    if local_world < 1 or world_size % local_world:
-        raise ValueError(
-            f"WORLD_SIZE {world_size} is not a whole number of nodes of LOCAL_WORLD_SIZE "
-            f"{local_world} ranks: launch the same number of ranks on every node"
-        )
-    return world_size // local_world
 
 
 class ShardedLeRobotDataset(IterableDataset):
@@ -180,11 +159,15 @@ class ShardedLeRobotDataset(IterableDataset):
         cache_limit_gb: Most GB the cache holds; None: the folder's last limit, else half of
             the disk's free space plus what the cache holds, never the last 5% of the disk (at
             most 1 GiB).
-        node_affinity: With ranks on several nodes (torchrun's ``LOCAL_WORLD_SIZE``), each node
-            reads the same episodes every epoch, shuffled over its ranks and workers, so its
-            cache keeps its own share; every frame is still read once per epoch over all
-            ranks. None: on when a cache is in use on more than one node, unless an explicit
-            ``cache_limit_gb`` holds the whole dataset (the choice is the same on every rank).
+        node_affinity: With ranks on several nodes, each node reads the same episodes every
+            epoch, shuffled over its ranks and workers, so its cache keeps its own share; every
+            frame is still read once per epoch over all ranks (``split_nodes`` in
+            ``reader/plan/partition.py``). Nodes may hold unequal numbers of ranks; the ranks
+            agree on them as ``loading/world.py`` says (exchanged over ``torch.distributed``
+            when it is initialised). None: on when a cache is in use on more than one node,
+            unless an explicit ``cache_limit_gb`` holds the whole dataset (the choice is the
+            same on every rank). A reader without a cache or node affinity never needs to
+            know the nodes.
     """
 
     prefetch_depth = 2
@@ -284,7 +267,7 @@ class ShardedLeRobotDataset(IterableDataset):
         self.num_workers = 0
         self._node_affinity_arg = node_affinity
         self._node_affinity: bool | None = None
-        self._budget(1)  # refuses an episode larger than the whole budget
+        self._budget(1, world_size=1)  # refuses an episode larger than the whole budget
         cat = self.catalog
         frames = [int(m.selection.lengths.sum()) for m in members]
         self.samples_per_dataset = samples_per_dataset(frames, weights, epoch_size)
@@ -409,23 +392,25 @@ class ShardedLeRobotDataset(IterableDataset):
         an explicit limit does not make large enough for the whole dataset."""
         if self._node_affinity_arg is not None:
             return bool(self._node_affinity_arg)
-        if self.cache is None or self._nodes() < 2:
+        if self.cache is None:
             return False
         limit = self.cache.limit_bytes
-        return limit is None or limit < int(self.catalog.sizes.sum())
+        if limit is not None and limit >= int(self.catalog.sizes.sum()):
+            return False
+        why = (
+            "node_affinity=None (on with a cache on several nodes; pass node_affinity=False, "
+            "--no-node-affinity, to do without)"
+        )
+        return self._world().require_nodes(why).count > 1
 
     def __len__(self) -> int:
         """Samples this rank yields per epoch, over all its DataLoader workers."""
-        parts, num_parts, shares = self._rank_parts()
-        samples = samples_per_part(self.epoch_samples, num_parts, self.pad, shares)
-        return sum(samples[p] for p in parts)
+        return sum(self._rank_samples(self.pad))
 
     @property
     def padding(self) -> int:
         """How many of this rank's samples per epoch are padding (repeats of its own frames)."""
-        parts, num_parts, shares = self._rank_parts()
-        real = samples_per_part(self.epoch_samples, num_parts, False, shares)
-        return len(self) - sum(real[p] for p in parts)
+        return len(self) - sum(self._rank_samples(False))
 
     def memory_stats(self) -> dict[str, int]:
         """What this process's iterations held: ``peak_budget_bytes``, the fetched episodes
@@ -442,6 +427,8 @@ class ShardedLeRobotDataset(IterableDataset):
         every epoch, the resumed one included)."""
         self._position.set_epoch(epoch)
         self._worker_epochs.moved_here()
+        if get_worker_info() is None:  # settled before any DataLoader worker starts from here
+            self._world()
 
     def begin_epoch(self) -> None:
         """Record that DataLoader workers began iterating from this dataset's next position
@@ -485,7 +472,7 @@ class ShardedLeRobotDataset(IterableDataset):
         """
         where = f"{self.root} (with {self.num_episodes} selected episodes)"
         ctx = self._context(mixed_batches)
-        first = part_index(self._layout()[0], ctx.world_size, 0, ctx.workers)[0]
+        first = part_index(self._world().rank, ctx.world_size, 0, ctx.workers)[0]
         self._position.load(state, ctx, self.fingerprint, self._planner, where, first)
         self._worker_epochs.moved_here()
 
@@ -521,7 +508,7 @@ class ShardedLeRobotDataset(IterableDataset):
             token = info.seed - info.id  # the DataLoader's base seed, drawn for each iteration
             for _ in range(self._worker_epochs.catch_up(info.id, token)):
                 self._position.begin_elsewhere()
-        rank = self._layout()[0]
+        rank = self._world().rank
         budget = self._budget(ctx.workers)
         if ctx.worker == 0:  # the workers' shares are equal: one warning says it for all
             budget.warn_if_small()
@@ -546,7 +533,9 @@ class ShardedLeRobotDataset(IterableDataset):
             return planner.fresh_parts(ordering, num_parts, part.epoch + 1, nodes)[index]
 
         self.catalog.resolve_filesystems()
-        node = None if self.cache is None else self._node_schedule(ctx, rank)
+        node = None
+        if self.cache is not None:
+            node = self._node_schedule(ctx, cursor.origin, (part.epoch, cursor.offset))
         trace = None
         if self.trace_dir is not None:
             trace = TraceWriter(self.trace_dir, f"rank {rank} worker {ctx.worker}")
@@ -582,69 +571,134 @@ class ShardedLeRobotDataset(IterableDataset):
         return segments(items, arena, interleave, mixing.batch_size)
 
     def fill_cache(
-        self, epoch: int = 0, threads: int = 8, progress: bool = True
+        self,
+        epoch: int | None = None,
+        threads: int = 8,
+        progress: bool = True,
+        world: World | None = None,
+        state: Mapping[str, Any] | None = None,
     ) -> tuple[int, int]:
-        """Download ahead, into the cache, what this process's node reads in ``epoch``: every
-        rank and DataLoader worker of the node (``ds.num_workers`` of them per rank), soonest
-        first, as far as the cache admits it. Returns ``(episodes, bytes)``. Run it once per
-        node before training (``lerobot-shards cache fill``) so the first epoch reads locally."""
+        """Download ahead, into the cache, what this process's node reads first: every rank
+        and DataLoader worker of the node (``ds.num_workers`` of them per rank), soonest
+        first, as far as the cache admits it, up to the end of the epoch. Run it once per node
+        before training (``lerobot-shards cache fill``) so the first epoch reads locally.
+
+        Args:
+            epoch: a fresh epoch to fill from its start; None: what the next iteration reads
+                (``set_epoch``'s epoch, or the rest of a state loaded with
+                ``load_state_dict``).
+            threads: downloads at once.
+            progress: show a progress bar.
+            world: the job's ranks and nodes, and which of them this process fills for (a
+                process outside the job, as ``cache fill`` is); default: this process's.
+            state: a state the job resumes from (``load_state_dict``'s): the rest of its epoch
+                is filled, as a loader that batches as the state's did resumes it.
+
+        Returns:
+            ``(episodes, bytes)`` read through the cache.
+        """
         if self.cache is None:
             raise ValueError("fill_cache needs a cache: pass cache=True or a cache_dir")
-        ctx = self._context()
-        schedule = self._node_schedule(ctx, self._layout()[0])
-        return schedule.fill(epoch, threads, progress)
+        if world is not None:
+            self._known_world = (world, True)
+            self._node_affinity = None  # decided again, for that world
+        # the job resumes through a loader that batches as the one that took the state did
+        mixed = state is not None and bool(state.get("mixed_batches", False))
+        if state is not None:
+            self.load_state_dict(state, mixed_batches=mixed)
+        elif epoch is not None:
+            self.set_epoch(epoch)
+        ctx = self._context(mixed)
+        first = part_index(self._world().rank, ctx.world_size, 0, ctx.workers)[0]
+        position = copy.deepcopy(self._position)  # where the job starts; this one stays
+        part, _, cursor = position.start(ctx, self._planner, first, ctx.workers)
+        schedule = self._node_schedule(ctx, cursor.origin, (part.epoch, cursor.offset))
+        return schedule.fill(part.epoch, threads, progress)
 
-    def _node_schedule(self, ctx: Context, rank: int) -> NodeSchedule:
-        """When each episode is read on ``rank``'s node (every rank and worker of it)."""
-        on_node = node_parts(Layout(ctx.world_size, ctx.workers, ctx.nodes), rank)
+    def _node_schedule(
+        self, ctx: Context, origin: Checkpoint | None = None, start: tuple[int, int] = (0, 0)
+    ) -> NodeSchedule:
+        """When each entry is read on this rank's node (every rank and worker of it), for a
+        stream that starts at ``start`` (``(epoch, draws)``) of the rest planned from
+        ``origin`` (or of fresh epochs)."""
+        on_node = self._world().node_parts(ctx.workers)
         parts = ctx.world_size * ctx.workers
         return NodeSchedule(
-            self.cache, self._planner, ctx.ordering, parts, ctx.nodes, on_node, self.catalog
+            self.cache,
+            self._planner,
+            ctx.ordering,
+            parts,
+            ctx.nodes,
+            on_node,
+            self.catalog,
+            origin=origin,
+            start=start,
         )
 
     # ------------------------------------------------------------------ layout and budget
 
     def __getstate__(self) -> dict[str, Any]:
-        """Pickled for spawn/forkserver DataLoader workers: record the rank layout here, in the
+        """Pickled for spawn/forkserver DataLoader workers: the world is settled here, in the
         training process, where torch.distributed (or the environment) knows it."""
         state = dict(self.__dict__)
-        state["_parent_rank_world"] = rank_and_world_size()
-        refuse_accelerate_resharding(state["_parent_rank_world"][1])
-        state["_parent_nodes"] = node_count(state["_parent_rank_world"][1])
+        world = self._world()
+        refuse_accelerate_resharding(world.world_size)
+        state["_known_world"] = (world, True)
         state["_node_affinity"] = self.node_affinity
         return state
 
-    def _layout(self) -> tuple[int, int, int, int]:
-        """``(rank, world_size, worker_id, num_workers)`` of the calling process."""
+    def _world(self) -> World:
+        """This process's :class:`World` (``world.py``): settled in the training process at
+        the first call that needs it (again if a process group appeared since); a DataLoader
+        worker's is the one its training process settled before the worker started."""
+        known = self.__dict__.get("_known_world")
+        if get_worker_info() is not None:
+            return known[0] if known is not None else worker_world()
+        grouped = torch.distributed.is_available() and torch.distributed.is_initialized()
+        if known is None or (grouped and not known[1]):
+            known = (current_world(need_nodes=self._needs_nodes()), grouped)
+            self._known_world = known
+        return known[0]
+
+    def _needs_nodes(self) -> bool:
+        """Whether the nodes matter here: for node affinity, or for what a cache keeps."""
+        return self.cache is not None or bool(self._node_affinity_arg)
+
+    def _order_nodes(self, world: World) -> Nodes:
+        """The nodes a fresh epoch is shared out over: the ranks' with node affinity, else one."""
+        if self.node_affinity:
+            return world.require_nodes("node_affinity=True")
+        return Nodes.one(world.world_size)
+
+    def _workers(self) -> tuple[int, int]:
+        """``(worker_id, num_workers)`` of the calling process (``num_workers`` at least 1)."""
         info = get_worker_info()
         if info is None:
-            rank, world = rank_and_world_size()
-            return rank, world, 0, max(1, self.num_workers)
-        rank, world = self.__dict__.get("_parent_rank_world") or rank_and_world_size()
-        return rank, world, info.id, info.num_workers
+            return 0, max(1, self.num_workers)
+        return info.id, info.num_workers
 
-    def _nodes(self) -> int:
-        """Nodes the ranks run on, as the training process knows them (``node_count``)."""
-        if get_worker_info() is not None and "_parent_nodes" in self.__dict__:
-            return self.__dict__["_parent_nodes"]
-        return node_count(self._layout()[1])
+    def _rank_samples(self, pad: bool) -> list[int]:
+        """Samples each of this rank's parts yields per epoch (``pad``: with padding)."""
+        world, (_, workers) = self._world(), self._workers()
+        num_parts = world.world_size * workers
+        groups = None
+        if not pad and self.node_affinity:  # padded parts are equal whatever the nodes
+            groups = self._order_nodes(world).part_groups(workers)
+        samples = samples_per_part(self.epoch_samples, num_parts, pad, groups)
+        first = part_index(world.rank, world.world_size, 0, workers)[0]
+        return samples[first : first + workers]
 
-    def _rank_parts(self) -> tuple[list[int], int, int]:
-        """This rank's parts, the number of parts and of node shares (1 without affinity)."""
-        rank, world, _, workers = self._layout()
-        parts = [part_index(rank, world, w, workers)[0] for w in range(workers)]
-        shares = self._nodes() if self.node_affinity else 1
-        return parts, world * workers, shares
-
-    def _budget(self, workers: int) -> PoolBudget:
+    def _budget(self, workers: int, world_size: int | None = None) -> PoolBudget:
         """Each part's pool budget and frame cache under ``workers`` DataLoader workers per rank
         (``pool_budget.split_budget``): each worker holds its own pool and cache."""
         workers = max(1, workers)
+        if world_size is None:
+            world_size = self._world().world_size
         return split_budget(
             self.byte_budget,
             self.frame_cache,
             workers=workers,
-            num_parts=self._layout()[1] * workers,
+            num_parts=world_size * workers,
             episode_bytes=self.catalog.sizes,
             episodes=self.catalog.episodes,
             buffer_size=self.buffer_size,
@@ -654,7 +708,7 @@ class ShardedLeRobotDataset(IterableDataset):
     def _context(self, mixed_batches: bool = False) -> Context:
         """This process's layout and order settings, what states are taken and loaded against
         (``mixed_batches``: by a loader whose batches take every worker's samples in turn)."""
-        _, world, worker, workers = self._layout()
+        world, (worker, workers) = self._world(), self._workers()
         budget = self._budget(workers).pool
         ordering = Ordering(
             self.seed,
@@ -666,7 +720,8 @@ class ShardedLeRobotDataset(IterableDataset):
             self.node_affinity,
         )
         in_worker = get_worker_info() is not None
-        return Context(world, worker, workers, in_worker, ordering, self._nodes(), mixed_batches)
+        nodes = self._order_nodes(world)
+        return Context(world.world_size, worker, workers, in_worker, ordering, nodes, mixed_batches)
 
     def _decode_threads(self, processes: int) -> int:
         if self.video_backend != "pyav" or not any(m.spec.video_keys for m in self.datasets):

@@ -100,6 +100,7 @@ class ShardedDataLoader(DataLoader):
         # Not a generator: the workers start and the epoch is recorded here, in the caller's
         # thread, so a state taken before the first batch already counts from this epoch.
         self._delivered = 0
+        self.dataset._world()  # the ranks agree on the world before any worker copies it
         if self.mixed_batches:
             batches, workers = self._mixed()
         else:

@@ -1,36 +1,65 @@
 """A stream's side of the node-local cache: the node's schedule from the plan, and a clock.
 
 ``fetch/cached.py`` reads spans through the node's cache folder; it needs to know, for the
-episode being read and for every episode cached, when this node reads it next. This module
-computes that from the plan (``plan/next_use.py``): the fresh parts of every rank and worker of
-this node, this epoch and the next, as the planner makes them in every process alike. Times are
-draws (``epoch * samples + draw``); the store compares them across processes and jobs as wall
-clock times, so they are turned into seconds at this process's measured pace.
+episode being read and for the cached episodes a miss may evict, when this node reads it next.
+This module computes that from the plan (``plan/next_use.py``): the parts of every rank and
+worker of this node, this epoch and the next, as the planner makes them in every process alike
+(the rest of an epoch after an elastic resume included). Entries are cache keys, not episodes:
+two episodes with the same bytes (a mixture's members over one dataset) are one entry, read
+whenever either is. Times are draws (``epoch * samples + draw``); the store compares them across
+processes and jobs as wall clock times, so they are turned into seconds at this process's
+measured pace.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from functools import partial
 
 import fsspec
+import numpy as np
 from tqdm.auto import tqdm
 
 from lerobot_shards.reader.fetch.cached import CachedReads
 from lerobot_shards.reader.fetch.ranged import Span
 from lerobot_shards.reader.meta.catalog import Catalog, SpanRead
-from lerobot_shards.reader.plan.elastic import Ordering, Part, Planner
-from lerobot_shards.reader.plan.next_use import NEVER, NodeReads, admissions, node_reads
+from lerobot_shards.reader.plan.elastic import Checkpoint, Ordering, Part, Planner
+from lerobot_shards.reader.plan.next_use import (
+    NEVER,
+    NodeReads,
+    admission_times,
+    residents_at,
+    span_for,
+)
+from lerobot_shards.reader.plan.nodes import Nodes
+from lerobot_shards.reader.plan.pool import admission_order
 
 DEFAULT_SECONDS_PER_DRAW = 0.01
-"""The pace assumed until this process has measured its own."""
+"""The pace a job's clock starts from, until one of its processes has measured its own."""
+MEASURE_DRAWS = 4096
+"""Draws over which a process measures its pace (and checks its job's clock against it)."""
 
 
 class NodeSchedule:
-    """When this node reads each episode, for one stream (one process's part)."""
+    """When this node reads each cache entry, for one stream (one process's part).
+
+    Args:
+        reads: the cache the stream reads through.
+        planner: the dataset's planner.
+        ordering: the stream's order settings.
+        num_parts: parts of an epoch over all ranks.
+        nodes: the nodes fresh epochs are shared out over (``fresh_parts``).
+        node_parts: the parts of this node's ranks and workers.
+        catalog: the datasets read.
+        origin: the checkpoint the stream's first epochs are the rest of (an elastic resume).
+        start: ``(epoch, draws)`` where the stream starts.
+        job: names the schedule in the cache (processes with one schedule share it).
+    """
 
     def __init__(
         self,
@@ -38,9 +67,12 @@ class NodeSchedule:
         planner: Planner,
         ordering: Ordering,
         num_parts: int,
-        nodes: int,
+        nodes: Nodes | int,
         node_parts: Sequence[int],
         catalog: Catalog,
+        origin: Checkpoint | None = None,
+        start: tuple[int, int] = (0, 0),
+        job: str = "",
     ) -> None:
         self.reads = reads
         self._planner = planner
@@ -49,15 +81,21 @@ class NodeSchedule:
         self._nodes = nodes
         self._node_parts = list(node_parts)
         self._catalog = catalog
+        self._origin = origin
+        self._start = start
+        self._job = job or _job_name(ordering, num_parts, nodes, node_parts, catalog)
         self._schedules: dict[int, NodeReads] = {}
-        self._own: dict[int, dict[int, int]] = {}  # id(part) -> piece -> draw time
-        self._keys: dict[str, int] | None = None
-        self._started: tuple[float, int] | None = None  # (wall clock, draw time) of a first read
-        self._pace = DEFAULT_SECONDS_PER_DRAW
-        self.clock: Callable[[], int] | None = None
-        """The stream's draw time (set by the stream): a fetch runs ahead of the draws, and an
-        entry read between the stream's time and the fetched piece's admission is still to
-        come."""
+        self._part_reads: dict[tuple, _PartReads] = {}
+        self._by_epoch: dict[int, NodeReads] = {}
+        self._per_epoch: int | None = None
+        self._keys: tuple[dict[str, int], np.ndarray] | None = None
+        self._key_of_id: np.ndarray | None = None
+        self._started: tuple[float, int] | None = None  # (monotonic clock, draw) of a reading
+        self._clock: tuple[float, float] | None = None  # the job's (start, pace): _wall
+        self.clock: Callable[[], tuple[int, int]] | None = None
+        """Where the stream is, ``(epoch, draws)`` (set by the stream): a fetch runs ahead of
+        the draws, and an entry read between the stream's time and the fetched piece's
+        admission is still to come."""
 
     def reader(self, part: Part, piece: int) -> SpanRead:
         """How piece ``piece`` of ``part`` is read: through the cache, at its admission."""
@@ -68,23 +106,23 @@ class NodeSchedule:
     ) -> bytes | memoryview:
         """Piece ``piece`` of ``part``'s bytes, through the cache, at the piece's admission."""
         now = self._admitted_at(part, piece)
-        self._measure(now)
-        since = now if self.clock is None else min(now, self.clock())  # reads still to come
+        self._keep_time(now)
+        since = now if self.clock is None else min(now, self.time(*self.clock()))
         episode = int(part.episodes[piece])
         return self._through_cache(fs, span, retries, part.epoch, episode, now, since)
 
     def fill(self, epoch: int, threads: int, progress: bool = True) -> tuple[int, int]:
-        """Download ahead what this node reads in ``epoch``, soonest first, as far as the cache
-        admits it, on ``threads`` threads: ``(episodes read, their bytes)``."""
-        fresh = self._planner.fresh_parts(self._ordering, self._num_parts, epoch, self._nodes)
-        start = epoch * self._samples(fresh)
-        schedule = self.schedule(epoch)
-        first: dict[int, None] = {}  # the epoch's episodes in the order of their first read
-        for when, episode in zip(schedule.times.tolist(), schedule.episodes.tolist(), strict=True):
-            if when < start + self._samples(fresh):
-                first.setdefault(episode, None)
+        """Download ahead what this node reads in the rest of ``epoch`` (from where the stream
+        starts), soonest first, as far as the cache admits it, on ``threads`` threads:
+        ``(episodes read, their bytes)``."""
+        start = self.time(epoch, self._start[1] if self._start[0] == epoch else 0)
+        first = self.schedule(epoch).first_reads(start, self.time(epoch + 1, 0))
+        episodes = self._catalog.episodes
+        keys = self.key(episodes)
+        episode_of_key = dict(zip(keys[::-1].tolist(), episodes[::-1].tolist(), strict=True))
 
-        def one(episode: int) -> int:
+        def one(key: int) -> int:
+            episode = episode_of_key[key]
             member, own = self._catalog.locate(episode)
             span = member.selection.span(own)
             self._through_cache(member.fs, span, 5, epoch, episode, start - 1, start)
@@ -95,7 +133,7 @@ class NodeSchedule:
             ThreadPoolExecutor(threads) as pool,
             tqdm(total=len(first), unit="episode", disable=not progress, desc="cache fill") as bar,
         ):
-            for size in pool.map(one, first):
+            for size in pool.map(one, first.tolist()):
                 count, total = count + 1, total + size
                 bar.update()
         return count, total
@@ -111,78 +149,194 @@ class NodeSchedule:
         since: int,
     ) -> bytes | memoryview:
         """``episode``'s span read at draw time ``now`` through the cache; the other cached
-        episodes' next reads counted from ``since`` (reads not yet made)."""
+        entries' next reads counted from ``since`` (reads not yet made)."""
         schedule = self.schedule(epoch)
-        keys = self.keys()
+        key_ids, _ = self.keys()
 
         def priority(key: str) -> float | None:  # None: another job's key, the store decides
-            other = keys.get(key)
+            other = key_ids.get(key)
             if other is None:
                 return None
             return self._wall(schedule.next_use(other, since - 1), now)
 
         member, own = self._catalog.locate(episode)
+        key = int(self.key(episode))
         return self.reads.read(
             fs,
             span,
             retries=retries,
-            next_use=self._wall(schedule.next_use(episode, now), now),
+            next_use=self._wall(schedule.next_use(key, now), now),
             priority=priority,
             label=f"{member.root} episode {own}",
+            job=self._job,
         )
 
     def schedule(self, epoch: int) -> NodeReads:
-        """The node's fetches over ``epoch`` and ``epoch + 1`` (computed once per epoch)."""
+        """The node's fetches over ``epoch`` and ``epoch + 1`` (each epoch's computed once)."""
         if epoch not in self._schedules:
-            parts = []
-            for e in (epoch, epoch + 1):
-                fresh = self._planner.fresh_parts(self._ordering, self._num_parts, e, self._nodes)
-                for p in self._node_parts:
-                    part = fresh[p]
-                    start = e * self._samples(fresh)
-                    parts.append((start, part.episodes, part.plan(self._ordering, self._cost)))
+            reads = self._epoch_reads(epoch).merge(self._epoch_reads(epoch + 1))
             # keep two: a part's end warms the next epoch up while its last fetches finish
             self._schedules = {e: s for e, s in self._schedules.items() if e >= epoch - 1}
-            self._schedules[epoch] = node_reads(parts)
+            self._schedules[epoch] = reads
+            self._by_epoch = {e: r for e, r in self._by_epoch.items() if e >= epoch - 1}
+            self._part_reads = {k: v for k, v in self._part_reads.items() if k[0] >= epoch - 1}
         return self._schedules[epoch]
 
-    def keys(self) -> dict[str, int]:
-        """Global episode id of each of the catalog's checksums (a cache entry's key)."""
+    def _epoch_reads(self, epoch: int) -> NodeReads:
+        """The node's fetches in ``epoch``: every one of its parts'."""
+        if epoch not in self._by_epoch:
+            reads = [self._reads_of(part) for part in self._parts(epoch)]
+            times = np.concatenate([r.times for r in reads]) if reads else np.zeros(0, np.int64)
+            keys = np.concatenate([r.keys for r in reads]) if reads else np.zeros(0, np.int64)
+            self._by_epoch[epoch] = NodeReads.of(times, keys, span_for(len(self.keys()[0])))
+        return self._by_epoch[epoch]
+
+    def time(self, epoch: int, draws: int) -> int:
+        """The node's clock at a part's ``draws``-th draw of ``epoch``: fresh epochs last
+        ``samples`` draws each; the rest of an epoch after an elastic resume ends where the
+        epoch would have (its parts are shorter: the draws before were made before)."""
+        return epoch * self._samples() + self._skipped(epoch) + draws
+
+    def _parts(self, epoch: int) -> list[Part]:
+        """This node's parts of ``epoch`` as the stream plans them."""
+        if self._origin is not None:
+            for parts in self._planner.segments(self._origin, self._ordering, self._num_parts):
+                if parts[0].epoch == epoch:
+                    return [parts[p] for p in self._node_parts]
+        fresh = self._planner.fresh_parts(self._ordering, self._num_parts, epoch, self._nodes)
+        return [fresh[p] for p in self._node_parts]
+
+    def _skipped(self, epoch: int) -> int:
+        """Draws of ``epoch`` made before its parts start (a rest's), on the node's clock."""
+        parts = self._parts(epoch)
+        if not parts or parts[0].positions is None:
+            return 0
+        return self._samples() - max(p.num_samples for p in parts)
+
+    def _reads_of(self, part: Part) -> _PartReads:
+        """A part's fetches on the node's clock (computed once per part). A part the stream
+        starts inside refetches its pool's residents where it starts; what it read before is
+        past."""
+        cache_key = (part.epoch, part.entropy)
+        if cache_key not in self._part_reads:
+            order, draws = self._admissions(part)
+            base = self.time(part.epoch, 0)
+            at = np.full(len(part.episodes), base, dtype=np.int64)
+            at[order] = draws + base
+            epoch, start = self._start
+            if part.epoch == epoch and start:
+                again = residents_at(draws, self._ordering.buffer_size, start)
+                at[order[again]] = base + start
+                keep = again | (draws > start)
+                order, draws = order[keep], np.where(again, start, draws)[keep]
+            keys = self.key(part.episodes)[order]  # the pieces' episodes ascend: a fast lookup
+            self._part_reads[cache_key] = _PartReads(draws + base, keys, at)
+        return self._part_reads[cache_key]
+
+    def _admissions(self, part: Part) -> tuple[np.ndarray, np.ndarray]:
+        """``(pieces, draws)`` of a part's admissions, in order, at their estimated draws."""
+        counts = part.table.counts
+        order = admission_order(counts, part.entropy, self._ordering.shuffle)
+        piece_bytes = None
+        if self._ordering.byte_budget is not None:
+            cost, pieces = (
+                self._catalog.cost,
+                zip(
+                    part.episodes[order].tolist(),
+                    part.starts[order].tolist(),
+                    part.stops[order].tolist(),
+                    strict=True,
+                ),
+            )
+            piece_bytes = np.fromiter((cost(*p) for p in pieces), np.int64, len(order))
+        times = admission_times(
+            counts[order], self._ordering.buffer_size, piece_bytes, self._ordering.byte_budget
+        )
+        return order, times
+
+    def keys(self) -> tuple[dict[str, int], np.ndarray]:
+        """Each cache key's number (the catalog's checksums, equal ones numbered once), and
+        the key number of each selected episode (in ``catalog.episodes`` order: :meth:`key`)."""
         if self._keys is None:
-            self._keys = {}
-            for member, episodes in zip(
-                self._catalog.members, self._catalog.episodes_of, strict=True
-            ):
-                self._keys.update(zip(member.selection.checksums, episodes.tolist(), strict=True))
+            numbers: dict[str, int] = {}
+            found = [
+                numbers.setdefault(c, len(numbers))
+                for member in self._catalog.members
+                for c in member.selection.checksums
+            ]
+            self._keys = (numbers, np.asarray(found, dtype=np.int64))
         return self._keys
 
+    def key(self, episodes: np.ndarray | int) -> np.ndarray:
+        """The key numbers of global episode ids (a table indexed by id where the ids are
+        dense enough, else a search)."""
+        if self._key_of_id is None:
+            ids, keys = self._catalog.episodes, self.keys()[1]
+            top = int(ids.max()) + 1 if len(ids) else 0
+            if top <= 4 * len(ids) + 1024:
+                self._key_of_id = np.full(top, -1, dtype=np.int64)
+                self._key_of_id[ids] = keys
+            else:
+                self._key_of_id = np.zeros(0, dtype=np.int64)
+        if len(self._key_of_id):
+            return self._key_of_id[episodes]
+        return self.keys()[1][np.searchsorted(self._catalog.episodes, episodes)]
+
     def _admitted_at(self, part: Part, piece: int) -> int:
-        """The draw time of ``part``'s admission of ``piece`` (a resumed part's too)."""
-        own = self._own.get(id(part))
-        if own is None:
-            positions, pieces = admissions(part.plan(self._ordering, self._cost))
-            start = part.epoch * part.num_samples
-            own = {int(k): int(p) + start for p, k in zip(positions, pieces, strict=True)}
-            self._own = {id(part): own}
-        return own.get(piece, part.epoch * part.num_samples)
+        """The draw time of ``part``'s admission of ``piece`` (where the stream starts, for a
+        piece resident there)."""
+        return int(self._reads_of(part).at[piece])
 
-    def _samples(self, parts: Sequence[Part]) -> int:
-        return max((p.num_samples for p in parts), default=0)
+    def _samples(self) -> int:
+        """A fresh epoch's samples per part (every part yields as many with padding)."""
+        if self._per_epoch is None:
+            fresh = self._planner.fresh_parts(self._ordering, self._num_parts, 0, self._nodes)
+            self._per_epoch = max((p.num_samples for p in fresh), default=0)
+        return self._per_epoch
 
-    def _cost(self, episode: int, start: int, stop: int) -> int:
-        return self._catalog.cost(episode, start, stop)
-
-    def _measure(self, now: int) -> None:
-        """This process's seconds per draw, from its first read to this one."""
+    def _keep_time(self, now: int) -> None:
+        """The job's clock (``CachedReads.job_clock``), checked against this process's pace
+        every :data:`MEASURE_DRAWS` draws."""
         wall = time.monotonic()
-        if self._started is None:
+        if self._clock is None:
+            self._clock = self.reads.job_clock(self._job, now, DEFAULT_SECONDS_PER_DRAW)
+        if self._started is None or now < self._started[1]:
             self._started = (wall, now)
-        elif now - self._started[1] >= 64:
-            self._pace = (wall - self._started[0]) / (now - self._started[1])
+        elif now - self._started[1] >= MEASURE_DRAWS:
+            pace = (wall - self._started[0]) / (now - self._started[1])
+            self._clock = self.reads.job_clock(self._job, now, max(pace, 1e-9))
+            self._started = (wall, now)
 
     def _wall(self, when: int, now: int) -> float:
-        """Draw time ``when`` as a wall-clock time (``time.time()`` seconds; ``now`` is the
-        present), never: inf. Times before ``now`` keep their order below it."""
+        """Draw time ``when`` on the job's clock (``time.time()`` seconds); never: inf. One
+        clock for every hint of the job keeps them in the order of its draws."""
         if when >= NEVER:
             return math.inf
-        return time.time() + (when - now) * self._pace
+        if self._clock is None:
+            self._keep_time(now)
+        start, pace = self._clock
+        return start + when * pace
+
+
+@dataclass(frozen=True)
+class _PartReads:
+    """A part's fetches: cache key ``keys[i]`` at node time ``times[i]``; piece ``p`` fetched
+    at node time ``at[p]``."""
+
+    times: np.ndarray
+    keys: np.ndarray
+    at: np.ndarray
+
+
+def _job_name(
+    ordering: Ordering,
+    num_parts: int,
+    nodes: Nodes | int,
+    node_parts: Sequence[int],
+    catalog: Catalog,
+) -> str:
+    """What names a schedule in the cache: every process with the same order settings, layout,
+    node and datasets computes the same schedule."""
+    datasets = [(str(m.root), m.selection.fingerprint) for m in catalog.members]
+    what = repr((ordering, num_parts, nodes, list(node_parts), datasets))
+    return hashlib.sha256(what.encode()).hexdigest()[:16]

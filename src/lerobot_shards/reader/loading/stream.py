@@ -107,7 +107,7 @@ def stream_part(
     if part.num_samples == 0 or cursor.offset >= part.num_samples:
         return
     if node is not None:  # where the stream is: fetches run ahead of it
-        node.clock = lambda: cursor.epoch * cursor.per_epoch + cursor.offset
+        node.clock = lambda: (cursor.epoch, cursor.offset)
     parts_of: dict[int, Part] = {}
     cache = FrameCache(cache_bytes)
     registered = 0  # draws whose frames the cache has been told about

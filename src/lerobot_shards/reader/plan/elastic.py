@@ -19,7 +19,7 @@ drawn position is mapped through the piece's array of frame positions (:class:`P
 epochs keep their reference order untouched. With padding every part yields the same number of
 samples for the rest of the epoch; the next epoch starts fresh with the new layout.
 
-Node affinity (``Ordering.node_affinity`` with ``Layout.nodes > 1``) shapes fresh epochs only:
+Node affinity (``Ordering.node_affinity`` with several ``Layout.nodes``) shapes fresh epochs only:
 a checkpoint records its nodes and affinity, its consumed frames are replayed with its own
 (node-affine) parts, and the rest of its epoch is split as any rest is, over all the new
 layout's parts, whatever their nodes; node affinity, under the new layout's nodes, resumes
@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from lerobot_shards.reader.plan.mixture import Units
+from lerobot_shards.reader.plan.nodes import Nodes, part_groups
 from lerobot_shards.reader.plan.partition import (
     Pieces,
     node_places,
@@ -93,17 +94,20 @@ def consumed_per_worker(
 @dataclass(frozen=True)
 class Layout:
     """Ranks and DataLoader workers per rank (0: the process iterates itself, one part), and the
-    nodes the ranks run on: ``world_size / nodes`` consecutive ranks per node (torchrun's)."""
+    nodes the ranks run on (:class:`~lerobot_shards.reader.plan.nodes.Nodes`; an ``int`` is
+    that many equal nodes of consecutive ranks)."""
 
     world_size: int
     num_workers: int
-    nodes: int = 1
+    nodes: Nodes | int = 1
 
     def __post_init__(self) -> None:
-        if self.nodes < 1 or self.world_size % self.nodes:
-            raise ValueError(
-                f"{self.world_size} ranks cannot run on {self.nodes} nodes of equally many ranks"
-            )
+        nodes = self.nodes
+        if not isinstance(nodes, Nodes):
+            nodes = Nodes.even(self.world_size, int(nodes))
+        if nodes.world_size != self.world_size:
+            raise ValueError(f"nodes of {nodes.world_size} ranks for a world of {self.world_size}")
+        object.__setattr__(self, "nodes", nodes)
 
     @property
     def workers(self) -> int:
@@ -113,19 +117,11 @@ class Layout:
     def num_parts(self) -> int:
         return self.world_size * self.workers
 
-    @property
-    def local_world_size(self) -> int:
-        return self.world_size // self.nodes
-
 
 def node_parts(layout: Layout, rank: int) -> list[int]:
-    """The parts of every rank and DataLoader worker on the node of ``rank`` (ranks are
-    numbered node by node, each rank's workers' parts consecutive: ``part_index``)."""
-    if not 0 <= rank < layout.world_size:
-        raise ValueError(f"rank {rank} is outside world_size {layout.world_size}")
-    per_node = layout.local_world_size * layout.workers
-    node = rank // layout.local_world_size
-    return list(range(node * per_node, (node + 1) * per_node))
+    """The parts of every rank and DataLoader worker on the node of ``rank`` (each rank's
+    workers' parts consecutive: ``part_index``)."""
+    return layout.nodes.node_parts(rank, layout.workers)
 
 
 @dataclass(frozen=True)
@@ -144,9 +140,11 @@ class Ordering:
     """The pool's draw rule (``pool.py``'s ``RULES``): new orderings draw by the current one;
     a checkpoint's records the one it was drawn by (1 when its state does not say)."""
 
-    def node_shares(self, nodes: int) -> int:
-        """Shares a fresh epoch is first cut into over ``nodes`` nodes: 1 without affinity."""
-        return nodes if self.node_affinity else 1
+    def node_shares(self, nodes: Nodes | int, num_parts: int) -> tuple[tuple[int, ...], ...]:
+        """The groups of parts a fresh epoch of ``num_parts`` parts is first shared out over
+        (each node's, ``nodes.part_groups``); without affinity, or on one node, one group."""
+        groups = part_groups(nodes, num_parts) if self.node_affinity else ()
+        return groups if len(groups) > 1 else (tuple(range(num_parts)),)
 
 
 @dataclass(frozen=True, eq=False)
@@ -301,33 +299,33 @@ class Planner:
     # ------------------------------------------------------------------ parts of an epoch
 
     def fresh_parts(
-        self, ordering: Ordering, num_parts: int, epoch: int, nodes: int = 1
+        self, ordering: Ordering, num_parts: int, epoch: int, nodes: Nodes | int = 1
     ) -> list[Part]:
         """A fresh epoch's parts, exactly as the reader streams them: its units split as
         ``split_parts`` splits episodes; with node affinity over ``nodes`` nodes, as
         ``split_nodes`` splits them, each unit placed where its episode stands in
         ``node_places`` of every selected episode (so a node's units are the same every epoch
         whenever the units are)."""
-        shares = ordering.node_shares(nodes)
-        key = (ordering.seed, ordering.shuffle, ordering.pad, num_parts, epoch, shares)
+        groups = ordering.node_shares(nodes, num_parts)
+        key = (ordering.seed, ordering.shuffle, ordering.pad, num_parts, epoch, groups)
         if key not in self._fresh:
             table = self._table(epoch)[0]
             units = np.arange(len(table.episodes))
-            if shares > 1:
-                if num_parts % shares:
-                    raise ValueError(f"{num_parts} parts cannot be shared out over {nodes} nodes")
+            if len(groups) > 1:
                 every = self._constant.episodes
                 places = node_places(every, ordering.seed, ordering.shuffle)
-                split = split_nodes(
+                by_node = split_nodes(
                     units,
                     table.counts,
-                    shares,
-                    num_parts // shares,
+                    [len(g) for g in groups],
                     place=places[np.searchsorted(every, table.episodes)],
                     seed=ordering.seed,
                     epoch=epoch,
                     shuffle=ordering.shuffle,
                 )
+                split: list[Pieces] = [by_node[0]] * num_parts
+                for p, pieces in zip([p for g in groups for p in g], by_node, strict=True):
+                    split[p] = pieces
             else:
                 split = split_parts(
                     units,
@@ -337,7 +335,7 @@ class Planner:
                     epoch=epoch,
                     shuffle=ordering.shuffle,
                 )
-            samples = samples_per_part(self.total, num_parts, ordering.pad, shares)
+            samples = samples_per_part(self.total, num_parts, ordering.pad, groups)
             if len(self._fresh) >= 8:  # an endless stream plans epoch after epoch: keep few
                 del self._fresh[next(iter(self._fresh))]
             self._fresh[key] = [
@@ -420,7 +418,7 @@ class Planner:
         ordering: Ordering,
         num_parts: int,
         part: int,
-        nodes: int = 1,
+        nodes: Nodes | int = 1,
     ) -> Iterator[Part]:
         """The epochs part ``part`` streams in order: the rest planned from ``origin`` (one
         segment per epoch), or the fresh epoch ``epoch``; then, with ``repeat``, fresh epochs
@@ -446,7 +444,7 @@ class Planner:
         num_parts: int,
         part: int,
         taken: int,
-        nodes: int = 1,
+        nodes: Nodes | int = 1,
     ) -> tuple[Part, int, Iterator[Part]]:
         """Where a part's stream stands after ``taken`` samples: the epoch's part, the draws
         made in it, and the parts that follow."""

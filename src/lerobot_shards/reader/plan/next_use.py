@@ -9,75 +9,110 @@ fetches (one per admission into a pool) and keeps what is read soonest (Belady's
 Time is counted in draws: a part's admission at its ``k``-th draw of epoch ``e`` happens at time
 ``e * samples + k``, ``samples`` being a part's samples per epoch. Parts advance in step (each
 yields the same number of samples, and DDP and the DataLoader's round robin keep them together),
-so one clock serves the whole node. Pure and numpy only.
+so one clock serves the whole node.
+
+What is exact and what is estimated. Which pieces a part admits, and in which order, is exact:
+the pool's shuffle of its pieces (``pool.admission_order``). When each admission happens would
+take a replay of every draw of every part of the node (a million episodes: 150 million draws,
+minutes per process and epoch), so it is estimated from the frames alone, in time proportional
+to the pieces: a pool of ``B`` residents drawn uniformly empties them at one frame per draw, so
+piece ``j`` (``j >= B``) joins when the frames of the pieces before it are drawn but for about
+half of the last ``B`` pieces' (:func:`admission_times`). Within a part the order of its reads is
+therefore exact, across epochs too; between parts of a node the estimate decides, and a cache
+only needs which of two reads comes first.
+
+Pure and numpy only.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-
 import numpy as np
-
-from lerobot_shards.reader.plan.pool import Admit, Draws, Event
 
 NEVER = np.iinfo(np.int64).max
 """The next use of an episode the schedule does not read again."""
 
 
+def admission_times(
+    counts: np.ndarray,
+    buffer_size: int,
+    piece_bytes: np.ndarray | None = None,
+    byte_budget: int | None = None,
+) -> np.ndarray:
+    """Estimated draw at which each of a part's admissions happens, ``counts[j]`` being the
+    frames of the ``j``-th piece admitted (``pool.admission_order``).
+
+    The pool holds at most ``buffer_size`` pieces (and, with a ``byte_budget``, pieces of at
+    most that many bytes): the first ones that fit join at draw 0; any later piece ``j`` joins
+    once the pool has room, when the pieces up to ``g`` have left (``j - buffer_size``, or
+    later where the budget holds fewer) and about half of the frames of those still resident
+    are drawn: ``(F[g + 1] + F[j]) / 2``, ``F[i]`` being the frames of the pieces before
+    ``i``. Non-decreasing in ``j``, so a part's reads keep their exact order."""
+    counts = np.asarray(counts, dtype=np.int64)
+    n = len(counts)
+    frames = np.concatenate([[0], np.cumsum(counts)])
+    gone = np.arange(n, dtype=np.int64) - buffer_size  # the last piece that has left by then
+    if byte_budget is not None and piece_bytes is not None:
+        spent = np.concatenate([[0], np.cumsum(np.asarray(piece_bytes, dtype=np.int64))])
+        first = np.searchsorted(spent, spent[1:] - byte_budget, side="left")  # oldest fitting
+        gone = np.maximum(gone, first - 1)
+    times = (frames[np.maximum(gone + 1, 0)] + frames[:n]) // 2
+    times[gone < 0] = 0
+    return np.maximum.accumulate(times) if n else times
+
+
+def residents_at(times: np.ndarray, buffer_size: int, start: int) -> np.ndarray:
+    """Which admissions (of :func:`admission_times`) are still resident at draw ``start``:
+    joined by then, and the one ``buffer_size`` after each not joined yet. A part resumed at
+    ``start`` fetches these again then."""
+    times = np.asarray(times, dtype=np.int64)
+    joined = times <= start
+    later = np.concatenate([times[buffer_size:], np.full(min(buffer_size, len(times)), NEVER)])
+    return joined & (later > start)
+
+
 class NodeReads:
-    """Every fetch of a node's parts over some epochs: ``episodes[i]`` at draw time
-    ``times[i]``, sorted by time (ties in part order)."""
+    """Every fetch of a node's parts over some epochs: entry ``key`` at draw time ``time``,
+    kept as one sorted array of ``key * span + time`` (each key's times ascending), so a next
+    use is one binary search and two epochs' reads merge in linear time."""
 
-    def __init__(self, times: np.ndarray, episodes: np.ndarray) -> None:
-        self.times = np.asarray(times, dtype=np.int64)
-        self.episodes = np.asarray(episodes, dtype=np.int64)
-        by_episode = np.argsort(self.episodes, kind="stable")  # each one's times ascending
-        self._owners = self.episodes[by_episode]
-        self._times = self.times[by_episode]
+    def __init__(self, reads: np.ndarray, span: int) -> None:
+        self._reads = reads
+        self._span = span
 
-    def next_uses(self, episodes: np.ndarray, after: int) -> np.ndarray:
-        """Each episode's first fetch at a time later than ``after`` (:data:`NEVER` if none)."""
-        episodes = np.asarray(episodes, dtype=np.int64)
-        lo = np.searchsorted(self._owners, episodes, side="left")
-        hi = np.searchsorted(self._owners, episodes, side="right")
-        out = np.full(len(episodes), NEVER, dtype=np.int64)
-        for i, (a, b) in enumerate(zip(lo.tolist(), hi.tolist(), strict=True)):
-            k = a + int(np.searchsorted(self._times[a:b], after, side="right"))
-            if k < b:
-                out[i] = self._times[k]
-        return out
+    @classmethod
+    def of(cls, times: np.ndarray, keys: np.ndarray, span: int) -> NodeReads:
+        """The reads ``keys[i]`` at ``times[i]`` (``0 <= time < span``)."""
+        times = np.asarray(times, dtype=np.int64)
+        if len(times) and (times.min() < 0 or times.max() >= span):
+            raise ValueError(f"draw times must lie in 0..{span - 1}")
+        return cls(np.sort(np.asarray(keys, dtype=np.int64) * span + times), span)
 
-    def next_use(self, episode: int, after: int) -> int:
-        """``episode``'s first fetch later than ``after`` (:data:`NEVER` if none)."""
-        return int(self.next_uses(np.asarray([episode]), after)[0])
+    def merge(self, other: NodeReads) -> NodeReads:
+        """These reads and ``other``'s (two sorted runs: merged, not sorted anew)."""
+        both = np.concatenate([self._reads, other._reads])
+        return NodeReads(np.sort(both, kind="stable"), self._span)
 
+    def next_use(self, key: int, after: int) -> int:
+        """``key``'s first fetch later than ``after`` (:data:`NEVER` if none)."""
+        span = self._span
+        at = int(np.searchsorted(self._reads, key * span + max(after, -1), side="right"))
+        if at < len(self._reads) and int(self._reads[at]) // span == key:
+            return int(self._reads[at]) % span
+        return NEVER
 
-def admissions(events: Iterable[Event]) -> tuple[np.ndarray, np.ndarray]:
-    """``(draw positions, pieces)`` of a part plan's admissions: the fetches, in order."""
-    positions, pieces, drawn = [], [], 0
-    for event in events:
-        if type(event) is Draws:
-            drawn += len(event.pieces)
-        elif type(event) is Admit:
-            positions.append(drawn)
-            pieces.append(event.piece)
-    return np.asarray(positions, dtype=np.int64), np.asarray(pieces, dtype=np.int64)
+    def first_reads(self, since: int, until: int) -> np.ndarray:
+        """The keys read in ``since <= time < until``, in the order of their first read then."""
+        keys, times = np.divmod(self._reads, self._span)
+        window = (times >= since) & (times < until)
+        keys, times = keys[window], times[window]
+        first = np.unique(keys, return_index=True)[1]  # each key's earliest (times ascending)
+        return keys[first[np.argsort(times[first], kind="stable")]]
 
 
-def node_reads(parts: Sequence[tuple[int, np.ndarray, Iterable[Event]]]) -> NodeReads:
-    """The node's schedule from its parts: ``(time of the part's first draw, the part's episode
-    of each piece, the part's plan events)`` for each part of each epoch the schedule covers."""
-    times, episodes = [], []
-    for start, piece_episodes, events in parts:
-        positions, pieces = admissions(events)
-        times.append(positions + start)
-        episodes.append(np.asarray(piece_episodes, dtype=np.int64)[pieces])
-    if not times:
-        empty = np.zeros(0, dtype=np.int64)
-        return NodeReads(empty, empty)
-    all_times, all_episodes = np.concatenate(times), np.concatenate(episodes)
-    order = np.argsort(all_times, kind="stable")
-    return NodeReads(all_times[order], all_episodes[order])
+def span_for(keys: int) -> int:
+    """The ``span`` of :class:`NodeReads` over ``keys`` entries: the most draws an int64 keeps
+    beside the key number."""
+    return 1 << (62 - max(1, int(keys)).bit_length())
 
 
 def belady_bytes(reads: np.ndarray, sizes: np.ndarray, limit: int) -> int:
@@ -85,9 +120,10 @@ def belady_bytes(reads: np.ndarray, sizes: np.ndarray, limit: int) -> int:
     indices into ``sizes``) under Belady's rule: on a miss, the episode is kept if evicting
     what is read farthest in the future (and later than it) makes room.
 
-    The offline yardstick for the online cache: the same rule with the whole future known, in
-    the units and order the node's schedule reads. Byte sizes make the truly optimal policy a
-    hard problem; this is the rule the cache follows, as the issue asks it to be measured."""
+    The offline form of the rule the cache follows, in the units and order the node's schedule
+    reads. With episodes of one size it is the optimum (Belady); with sizes that differ the
+    optimum is a hard problem and this rule may download more than it (tests/
+    test_cache_optimum.py measures by how much on small cases against an exact search)."""
     reads = np.asarray(reads, dtype=np.int64)
     nxt = np.full(len(reads), NEVER, dtype=np.int64)
     last: dict[int, int] = {}

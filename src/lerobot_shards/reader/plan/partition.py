@@ -6,7 +6,8 @@ frame, so with padding every part yields the same number of samples and DDP neve
 rank that ran out early.
 
 With node affinity (:func:`split_nodes`) the frames are first cut into one share per node, the
-same every epoch, and each node's share is then split over that node's parts.
+same every epoch and in proportion to the node's parts (nodes may hold unequal numbers of
+ranks), and each node's share is then split over that node's parts.
 
 A part is a sequence of :class:`Piece` (a frame range of one episode). Parts are returned as
 :class:`Pieces`, an array-backed sequence: a million-episode manifest would cost over a second
@@ -143,52 +144,67 @@ def split_parts(
         rng = np.random.default_rng([seed, epoch, _SPLIT_STREAM, num_parts])
         order = rng.permutation(len(episodes))
         episodes, lengths = episodes[order], lengths[order]
-    return _cut(Pieces(episodes, np.zeros_like(lengths), lengths), num_parts)
+    pieces = Pieces(episodes, np.zeros_like(lengths), lengths)
+    return _cut(pieces, samples_per_part(int(lengths.sum()), num_parts, pad=False))
 
 
 def split_nodes(
     episodes: np.ndarray,
     lengths: np.ndarray,
-    nodes: int,
-    parts_per_node: int,
+    parts_per_node: Sequence[int],
     *,
     place: np.ndarray,
     seed: int,
     epoch: int,
     shuffle: bool = True,
 ) -> list[Pieces]:
-    """Node affinity: ``nodes * parts_per_node`` parts, node ``n`` holding parts
-    ``n * parts_per_node`` to ``(n + 1) * parts_per_node - 1``, whose frames are the same
-    every epoch.
+    """Node affinity: ``sum(parts_per_node)`` parts, node ``n`` holding the ``parts_per_node[n]``
+    parts after those of the nodes before it, whose frames are the same every epoch.
 
     The episodes with at least one frame are laid end to end ascending by ``place`` (each
     episode's place in an order that does not depend on the epoch: :func:`node_places`; ties by
-    episode) and cut into ``nodes`` contiguous shares whose sizes differ by at most one frame,
-    as :func:`split_parts` cuts. Each share's pieces are then laid end to end in the epoch's
-    order (``default_rng([seed, epoch, 2**32-4, nodes, node, parts_per_node])``; ascending with
-    ``shuffle=False``) and cut into ``parts_per_node`` parts the same way, so parts differ by at
-    most one frame too: a node's share holds ``floor`` or ``ceil(total / nodes)`` frames, a part
-    ``floor(floor(total / nodes) / P) = floor(total / (nodes * P))`` to ``ceil(ceil(total /
-    nodes) / P) = ceil(total / (nodes * P))``, the sizes :func:`split_parts` gives, so padding
+    episode) and cut into one contiguous share per node, node ``n``'s of
+    :func:`node_share_sizes` frames (``total * k_n / P`` rounded by largest remainder, ``k_n``
+    its parts, ``P`` all parts; equal nodes: sizes differing by at most one frame, the first
+    ``total % nodes`` one more). Each share's pieces are then laid end to end in the epoch's
+    order (``default_rng([seed, epoch, 2**32-4, nodes, node, k_n])``; ascending with
+    ``shuffle=False``) and cut into ``k_n`` parts the same way. A share holds ``q * k_n +
+    floor(f * k_n)`` to ``q * k_n + ceil(f * k_n)`` frames (``total / P = q + f``), so every part
+    holds ``floor`` or ``ceil(total / P)``: the sizes :func:`split_parts` gives, so padding
     (:func:`samples_per_part`) is unchanged. Each part's pieces are sorted by episode.
     """
-    if nodes < 1 or parts_per_node < 1:
-        raise ValueError(f"nodes and parts per node must be at least 1: {nodes}, {parts_per_node}")
+    counts = [int(k) for k in parts_per_node]
+    if not counts or min(counts) < 1:
+        raise ValueError(f"every node needs at least one part: {counts}")
     place = np.asarray(place, dtype=np.int64)
     if place.shape != np.shape(episodes):
         raise ValueError("place must give every episode its place")
     episodes, lengths, kept = _checked(episodes, lengths)
     place = place[kept]
     by_place = np.argsort(place, kind="stable")
-    shares = _cut(Pieces(episodes[by_place], np.zeros_like(lengths), lengths[by_place]), nodes)
+    laid = Pieces(episodes[by_place], np.zeros_like(lengths), lengths[by_place])
+    shares = _cut(laid, node_share_sizes(int(lengths.sum()), counts))
     parts = []
-    for node, share in enumerate(shares):
-        if shuffle and parts_per_node > 1:
-            entropy = [seed, epoch, _NODE_STREAM, nodes, node, parts_per_node]
+    for node, (share, k) in enumerate(zip(shares, counts, strict=True)):
+        if shuffle and k > 1:
+            entropy = [seed, epoch, _NODE_STREAM, len(counts), node, k]
             order = np.random.default_rng(entropy).permutation(len(share))
             share = Pieces(share.episodes[order], share.starts[order], share.stops[order])
-        parts += _cut(share, parts_per_node)
+        parts += _cut(share, samples_per_part(int(share.counts.sum()), k, pad=False))
     return parts
+
+
+def node_share_sizes(total: int, parts_per_node: Sequence[int]) -> list[int]:
+    """Frames of each node's share: ``total * k_n / P`` by largest remainder (ties to the
+    lower node), ``k_n`` the node's parts and ``P`` all parts. Equal nodes get sizes that differ
+    by at most one frame, the first ``total % nodes`` one more (:func:`samples_per_part`)."""
+    num_parts = sum(parts_per_node)
+    exact = [total * k for k in parts_per_node]
+    sizes = [e // num_parts for e in exact]
+    by_remainder = sorted(range(len(sizes)), key=lambda n: (-(exact[n] % num_parts), n))
+    for n in by_remainder[: total - sum(sizes)]:
+        sizes[n] += 1
+    return sizes
 
 
 def node_places(episodes: np.ndarray, seed: int, shuffle: bool = True) -> np.ndarray:
@@ -222,18 +238,15 @@ def _checked(
     return episodes, lengths, kept
 
 
-def _cut(pieces: Pieces, num_parts: int) -> list[Pieces]:
-    """``pieces`` laid end to end in the given order, cut into ``num_parts`` contiguous ranges
-    of frames whose sizes differ by at most one (the first ``total % num_parts`` one more); each
-    range's pieces sorted by episode."""
+def _cut(pieces: Pieces, sizes: Sequence[int]) -> list[Pieces]:
+    """``pieces`` laid end to end in the given order, cut into contiguous ranges of ``sizes``
+    frames (summing to the pieces' frames); each range's pieces sorted by episode."""
     episodes, offsets, lengths = pieces.episodes, pieces.starts, pieces.counts
     ends = np.cumsum(lengths)  # global frame position one past each piece
     begins = ends - lengths
-    total = int(ends[-1]) if len(ends) else 0
-    sizes = np.asarray(samples_per_part(total, num_parts, pad=False), dtype=np.int64)
-    bounds = np.concatenate([[0], np.cumsum(sizes)])
+    bounds = np.concatenate([[0], np.cumsum(np.asarray(sizes, dtype=np.int64))])
     parts = []
-    for p in range(num_parts):
+    for p in range(len(sizes)):
         lo, hi = int(bounds[p]), int(bounds[p + 1])
         first = int(np.searchsorted(ends, lo, side="right"))
         last = int(np.searchsorted(begins, hi, side="left"))  # one past the last overlapping
@@ -260,22 +273,29 @@ def part_index(rank: int, world_size: int, worker_id: int, num_workers: int) -> 
 
 
 def samples_per_part(
-    total_frames: int, num_parts: int, pad: bool = True, nodes: int = 1
+    total_frames: int,
+    num_parts: int,
+    pad: bool = True,
+    groups: Sequence[Sequence[int]] | None = None,
 ) -> list[int]:
     """Samples each part yields per epoch.
 
     ``pad=True``: every part yields ``ceil(total / num_parts)``; the ``num_parts * ceil - total
     < num_parts`` extra samples (at most one per part) repeat frames of the part's own.
     ``pad=False``: each part's own frame count, as :func:`split_parts` makes them (or, with
-    ``nodes`` node shares, :func:`split_nodes`).
+    ``groups``, each node's parts, as :func:`split_nodes` makes them).
     """
     if num_parts < 1:
         raise ValueError(f"num_parts must be at least 1, got {num_parts}")
-    if nodes > 1 and not pad:
-        if num_parts % nodes:
-            raise ValueError(f"{num_parts} parts cannot be shared out over {nodes} nodes")
-        shares = samples_per_part(total_frames, nodes, pad=False)
-        return [n for share in shares for n in samples_per_part(share, num_parts // nodes, False)]
+    if groups is not None and len(groups) > 1 and not pad:
+        if sorted(p for g in groups for p in g) != list(range(num_parts)):
+            raise ValueError(f"the nodes' parts {groups} are not the {num_parts} parts")
+        out = [0] * num_parts
+        shares = node_share_sizes(total_frames, [len(g) for g in groups])
+        for group, share in zip(groups, shares, strict=True):
+            for p, n in zip(group, samples_per_part(share, len(group), False), strict=True):
+                out[p] = n
+        return out
     base, extra = divmod(total_frames, num_parts)
     if not pad:
         return [base + 1] * extra + [base] * (num_parts - extra)

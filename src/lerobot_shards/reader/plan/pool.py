@@ -566,6 +566,16 @@ class _Pool:
         return Draws(np.full(len(frames), piece, dtype=np.int64), frames)
 
 
+def admission_order(counts: np.ndarray, seed: Sequence[int], shuffle: bool = True) -> np.ndarray:
+    """The pieces with frames in the order :func:`plan_part` admits them without a byte budget
+    (with one, a piece that does not fit yet waits while later ones go ahead): its pool's first
+    use of its random stream, a shuffle of the pieces (ascending with ``shuffle=False``)."""
+    order = np.flatnonzero(np.asarray(counts) > 0).astype(np.int64)
+    if shuffle:
+        np.random.default_rng(list(seed)).shuffle(order)
+    return order
+
+
 def plan_part(
     pieces: Sequence[Piece],
     piece_bytes: Sequence[int] | np.ndarray | None,

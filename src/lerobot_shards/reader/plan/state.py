@@ -40,7 +40,9 @@ The state format: a plain dict (JSON-serialisable).
 - ``world_size``, ``num_workers``: the layout that produced it (``num_workers`` 0 when the rank
   iterated in process). A full state without them (``num_workers`` None, written by earlier
   versions when it was unknown) is refused: nothing can make its resume exact. ``nodes``: the
-  nodes its ranks ran on (a state without it, from earlier versions, ran on one).
+  nodes its order was shared out over, with node affinity: their count for equal nodes of
+  consecutive ranks, else each rank's node (``[0, 0, 1, 1, 1, 1, 2, 2]``); 1 without node
+  affinity and in states of earlier versions.
 - ``mixed_batches``: the rank's batches took every DataLoader worker's samples one at a time in
   turn (``interleave.py``: a ``ShardedDataLoader``'s default), so the round robin that says what
   each worker had produced went sample by sample; False (or absent, in states of earlier
@@ -98,6 +100,7 @@ from lerobot_shards.reader.plan.elastic import (
     consumed_per_worker,
 )
 from lerobot_shards.reader.plan.interleave import Interleave
+from lerobot_shards.reader.plan.nodes import Nodes
 from lerobot_shards.reader.plan.pool import RULES, UNIFORM_PICKS
 
 
@@ -139,7 +142,7 @@ def describe(
     ordering: Ordering,
     fingerprint: str,
     origin: Checkpoint | None = None,
-    nodes: int = 1,
+    nodes: Nodes | int = 1,
     mixed_batches: bool = False,
 ) -> dict[str, Any]:
     """A state dict in the format the module docstring describes."""
@@ -149,7 +152,7 @@ def describe(
         "batch_size": batch_size,
         "world_size": world_size,
         "num_workers": num_workers,
-        "nodes": nodes,
+        "nodes": nodes.to_state() if isinstance(nodes, Nodes) else nodes,
         "seed": ordering.seed,
         "shuffle": ordering.shuffle,
         "buffer_size": ordering.buffer_size,
@@ -206,7 +209,11 @@ def checkpoint_of(state: Mapping[str, Any]) -> Checkpoint:
             epoch=int(state["epoch"]),
             offset=int(state["offset"]),
             batch_size=max(1, int(state.get("batch_size") or 1)),
-            layout=Layout(int(state["world_size"]), int(workers), int(state.get("nodes", 1))),
+            layout=Layout(
+                int(state["world_size"]),
+                int(workers),
+                Nodes.from_state(state.get("nodes", 1), int(state["world_size"])),
+            ),
             ordering=Ordering(
                 int(state["seed"]),
                 bool(state["shuffle"]),
@@ -240,8 +247,9 @@ class Context:
     """DataLoader workers per rank, at least 1."""
     in_worker: bool
     ordering: Ordering
-    nodes: int = 1
-    """Nodes the ranks run on (``world_size / nodes`` consecutive ranks each)."""
+    nodes: Nodes | int = 1
+    """The nodes the order is shared out over: the ranks' nodes with node affinity, else one
+    node of every rank (an ``int``: equal nodes of consecutive ranks)."""
     mixed_batches: bool = False
     """The rank's batches take every worker's samples in turn (``interleave.py``): a
     ``ShardedDataLoader``'s, whose workers write their rows of every batch."""
@@ -404,8 +412,9 @@ class Position:
             checkpoint = checkpoint_of(state)
             theirs, ours = checkpoint.layout, ctx.layout
             same = (theirs.world_size, theirs.workers) == (ours.world_size, ours.workers)
-            shares = checkpoint.ordering.node_shares(theirs.nodes)
-            same = same and shares == ctx.ordering.node_shares(ours.nodes)
+            if same:
+                shares = checkpoint.ordering.node_shares(theirs.nodes, theirs.num_parts)
+                same = shares == ctx.ordering.node_shares(ours.nodes, ours.num_parts)
             same = same and checkpoint.mixed_batches == ctx.mixed_batches
             rule = checkpoint.ordering.draw_rule
             if same and checkpoint.ordering == drawn_by(ctx.ordering, rule):
