@@ -11,12 +11,14 @@ from __future__ import annotations
 import hashlib
 import json
 import posixpath
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import fsspec
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 FORMAT_NAME = "lerobot-shards"
@@ -48,6 +50,118 @@ def shard_path(episode_index: int) -> str:
     return f"{SHARDS_DIR}/{chunk:03d}/{episode_key(episode_index)}.tar"
 
 
+Part = bytes | tuple[np.ndarray, int]
+"""A piece of :func:`formatted` strings: bytes, the same in every string, or ``(values,
+width)``: each string's value, zero-padded to at least ``width`` digits."""
+
+
+def formatted(parts: Sequence[Part], n: int) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` strings, each the concatenation of ``parts`` (non-negative values), as their
+    lengths and their bytes end to end: the names of a million episodes at numpy's speed (a
+    Python f-string each took seconds, and Arrow's string kernels several passes).
+
+    Strings whose numbers have as many digits are as long: each such group is written as one
+    matrix, a column at a time (a manifest sorted by episode has one group below a million)."""
+    numbers = [p for p in parts if not isinstance(p, bytes)]
+    digits = [digit_counts(values, width) for values, width in numbers]
+    fixed = sum(len(p) for p in parts if isinstance(p, bytes))
+    lengths = fixed + sum(digits, np.zeros(n, np.int64))
+    starts = np.cumsum(lengths) - lengths
+    data = np.empty(int(lengths.sum()), np.uint8)
+    layout = sum((d * 32**k for k, d in enumerate(digits)), np.zeros(n, np.int64))
+    keys = [] if not n else [layout[0]] if layout.min() == layout.max() else np.unique(layout)
+    for key in keys:
+        rows = np.flatnonzero(layout == key)
+        widths = iter([int(d[rows[0]]) for d in digits])
+        block = np.empty((len(rows), int(lengths[rows[0]])), np.uint8)
+        column = 0
+        for part in parts:
+            if isinstance(part, bytes):
+                block[:, column : column + len(part)] = np.frombuffer(part, np.uint8)
+                column += len(part)
+                continue
+            values, width = part[0][rows], next(widths)
+            for k in range(width, 0, -3):  # three digits at a time, from a table of 000..999
+                span = min(3, k)
+                text = _THREE_DIGITS[values // 10 ** (k - span) % 1000, 3 - span :]
+                block[:, column + width - k : column + width - k + span] = text
+            column += width
+        first = int(starts[rows[0]])
+        if rows[-1] - rows[0] + 1 == len(rows):  # contiguous: one copy
+            data[first : first + block.size] = block.ravel()
+        else:
+            data[(starts[rows][:, None] + np.arange(block.shape[1])).ravel()] = block.ravel()
+    return lengths, data
+
+
+_THREE_DIGITS = np.frombuffer("".join(f"{i:03d}" for i in range(1000)).encode(), np.uint8).reshape(
+    1000, 3
+)
+
+
+def digit_counts(values: np.ndarray, width: int) -> np.ndarray:
+    """Digits of each of ``values`` (non-negative) zero-padded to at least ``width``."""
+    values = np.asarray(values, dtype=np.int64)
+    if not len(values) or values.max() < 10**width:
+        if len(values) and values.min() < 0:
+            raise ValueError("formatted numbers must be non-negative")
+        return np.full(len(values), width, np.int64)
+    return digit_counts(values, width + 1) - (values < 10**width)
+
+
+def string_array(lengths: np.ndarray, data: np.ndarray) -> pa.Array:
+    """An Arrow string array of strings given as :func:`formatted` gives them."""
+    offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
+    large = pa.LargeStringArray.from_buffers(
+        len(lengths), pa.py_buffer(offsets), pa.py_buffer(data)
+    )
+    return large.cast(pa.string())
+
+
+def episode_keys(episodes: np.ndarray) -> pa.Array:
+    """:func:`episode_key` of each of ``episodes`` (non-negative)."""
+    episodes = np.asarray(episodes, dtype=np.int64)
+    return string_array(*formatted([b"episode-", (episodes, 6)], len(episodes)))
+
+
+def shard_paths(episodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`shard_path` of each of ``episodes`` (non-negative), as :func:`formatted`."""
+    episodes = np.asarray(episodes, dtype=np.int64)
+    chunks = episodes // EPISODES_PER_SHARD_DIR
+    parts = [f"{SHARDS_DIR}/".encode(), (chunks, 3), b"/episode-", (episodes, 6), b".tar"]
+    return formatted(parts, len(episodes))
+
+
+def string_buffers(array: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """A string array's value offsets (from its first value's) and bytes, without a copy."""
+    _, offsets, data = array.buffers()[:3]
+    ends = np.frombuffer(offsets, np.int32, len(array) + 1, array.offset * 4).astype(np.int64)
+    raw = np.frombuffer(data, np.uint8) if data is not None else np.zeros(0, np.uint8)
+    return ends - ends[0], raw[ends[0] : ends[-1]]
+
+
+def equal_strings(
+    column: pa.Array | pa.ChunkedArray, lengths: np.ndarray, data: np.ndarray
+) -> np.ndarray:
+    """Whether each string of ``column`` (no nulls) is the one :func:`formatted` gave: one
+    comparison of the bytes where all are (a format-written manifest), else string by string."""
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    out = np.zeros(len(column), bool)
+    row = at = 0
+    for chunk in chunks:
+        want = lengths[row : row + len(chunk)]
+        size = int(want.sum())
+        offsets, got = string_buffers(chunk)
+        expected = data[at : at + size]
+        if np.array_equal(np.diff(offsets), want) and np.array_equal(got, expected):
+            out[row : row + len(chunk)] = True
+        else:
+            same = pc.equal(chunk, string_array(want, expected)).fill_null(False)
+            out[row : row + len(chunk)] = same.to_numpy(zero_copy_only=False)
+        row, at = row + len(chunk), at + size
+    return out
+
+
 def header_member(episode_index: int) -> str:
     return f"{episode_key(episode_index)}.json"
 
@@ -73,6 +187,51 @@ def new_digest(data: bytes | memoryview = b"") -> hashlib._Hash:
 def checksum_of(digest: hashlib._Hash) -> str:
     """``algo:hexdigest`` of a hash fed with a span, as stored in the manifest."""
     return f"{CHECKSUM_ALGO}:{digest.hexdigest()}"
+
+
+CHECKSUM_PREFIX = f"{CHECKSUM_ALGO}:".encode()
+_HEX_DIGITS = np.frombuffer(b"0123456789abcdef", np.uint8)
+_BYTE_OF_PAIR = np.full(1 << 16, 256, np.uint16)
+"""Two hex digits read as one little-endian uint16 -> the byte they spell (256: not hex)."""
+_BYTE_OF_PAIR[_HEX_DIGITS[None, :].astype(np.uint16) << 8 | _HEX_DIGITS[:, None]] = np.arange(
+    256
+).reshape(16, 16)
+
+
+def checksum_digests(column: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+    """The digests of ``column``'s checksums (no nulls) as an ``(n, 32)`` byte matrix, a third
+    of their text, and which are checksums at all (``algo:`` and 64 lowercase hex digits)."""
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    width = len(CHECKSUM_PREFIX) + 64
+    prefix = np.frombuffer(CHECKSUM_PREFIX, np.uint8)
+    digests, valid = [], []
+    for chunk in chunks:
+        offsets, data = string_buffers(chunk)
+        ok = np.diff(offsets) == width
+        if ok.all():
+            text = data.reshape(-1, width)
+        else:  # some are not even as long as a checksum
+            text = np.zeros((len(chunk), width), np.uint8)
+            rows = np.flatnonzero(ok)
+            text[rows] = data[offsets[rows][:, None] + np.arange(width)]
+        pairs = np.ascontiguousarray(text[:, len(prefix) :]).view("<u2")
+        values = _BYTE_OF_PAIR[pairs]
+        ok &= (text[:, : len(prefix)] == prefix).all(axis=1) & (values.max(axis=1) < 256)
+        digests.append(values.astype(np.uint8))
+        valid.append(ok)
+    if not digests:
+        return np.zeros((0, 32), np.uint8), np.zeros(0, bool)
+    return np.concatenate(digests), np.concatenate(valid)
+
+
+def checksum_texts(digests: np.ndarray) -> pa.Array:
+    """The checksums of an ``(n, 32)`` digest matrix (:func:`checksum_digests`) as text."""
+    n = len(digests)
+    text = np.empty((n, len(CHECKSUM_PREFIX) + 64), np.uint8)
+    text[:, : len(CHECKSUM_PREFIX)] = np.frombuffer(CHECKSUM_PREFIX, np.uint8)
+    text[:, len(CHECKSUM_PREFIX) :: 2] = _HEX_DIGITS[digests >> 4]
+    text[:, len(CHECKSUM_PREFIX) + 1 :: 2] = _HEX_DIGITS[digests & 15]
+    return string_array(np.full(n, text.shape[1], np.int64), text.ravel())
 
 
 def join(root: str, relative: str) -> str:
@@ -170,31 +329,133 @@ class ManifestRow:
     checksum: str
 
 
-def manifest_table(rows: list[ManifestRow]) -> pa.Table:
-    """Build the manifest table, sorted by episode index (column by column: a million rows)."""
-    rows = sorted(rows, key=lambda r: r.episode_index)
-    columns: dict[str, Any] = {
-        name: [getattr(row, name) for row in rows]
-        for name in MANIFEST_SCHEMA.names
-        if name != "members"
-    }
-    members = [m for row in rows for m in row.members]
-    starts = np.cumsum([0] + [len(row.members) for row in rows], dtype=np.int32)
-    flat = pa.StructArray.from_arrays(
-        [
-            pa.array([m.name for m in members], pa.string()),
-            pa.array([m.offset for m in members], pa.int64()),
-            pa.array([m.size for m in members], pa.int64()),
-        ],
-        fields=list(MEMBER_TYPE),
-    )
-    columns["members"] = pa.ListArray.from_arrays(pa.array(starts), flat)
-    return pa.table([columns[name] for name in MANIFEST_SCHEMA.names], schema=MANIFEST_SCHEMA)
+MANIFEST_CHUNK = 8192
+"""Rows a :class:`ManifestColumns` collects as objects before it packs them into columns."""
 
 
-def write_manifest(fs: fsspec.AbstractFileSystem, path: str, rows: list[ManifestRow]) -> None:
+class ManifestColumns:
+    """Manifest rows collected as Arrow columns, a few hundred bytes each: what a conversion
+    holds until it writes the manifest (a million :class:`ManifestRow` objects took 2 GB).
+
+    Rows come in any order (a pool's workers finish out of order); :meth:`table` sorts them by
+    episode, the last row given for an episode winning. Member names are held as what follows
+    the episode's key (``.json``, ``.<camera>.mp4``, a handful of distinct strings), dictionary
+    encoded; a name that does not start with its episode's key is held whole.
+    """
+
+    def __init__(self) -> None:
+        self._rows: list[ManifestRow] = []
+        self._batches: list[pa.RecordBatch] = []
+        self.total_frames = 0
+        self.total_bytes = 0
+
+    def add(self, row: ManifestRow) -> None:
+        """Hold ``row`` (its frames and bytes join the totals)."""
+        self._rows.append(row)
+        self.total_frames += row.length
+        self.total_bytes += row.size
+        if len(self._rows) >= MANIFEST_CHUNK:
+            self._pack()
+
+    def __len__(self) -> int:
+        return sum(b.num_rows for b in self._batches) + len(self._rows)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the rows held (packed into columns first)."""
+        self._pack()
+        return sum(batch.nbytes for batch in self._batches)
+
+    def _pack(self) -> None:
+        rows, self._rows = self._rows, []
+        if not rows:
+            return
+        columns: dict[str, Any] = {
+            name: pa.array([getattr(row, name) for row in rows], MANIFEST_SCHEMA.field(name).type)
+            for name in MANIFEST_SCHEMA.names
+            if name not in ("tasks", "members")
+        }
+        tasks = pa.array([task for row in rows for task in row.tasks], pa.string())
+        columns["tasks"] = pa.ListArray.from_arrays(
+            _list_offsets([len(row.tasks) for row in rows]), tasks.dictionary_encode()
+        )
+        names, keyed = [], []
+        for row in rows:
+            key = episode_key(row.episode_index) if row.episode_index >= 0 else None
+            for m in row.members:
+                own = key is not None and m.name.startswith(key)
+                names.append(m.name[len(key) :] if own else m.name)
+                keyed.append(own)
+        members = [m for row in rows for m in row.members]
+        flat = pa.StructArray.from_arrays(
+            [
+                pa.array(names, pa.string()).dictionary_encode(),
+                pa.array(keyed, pa.bool_()),
+                pa.array([m.offset for m in members], pa.int64()),
+                pa.array([m.size for m in members], pa.int64()),
+            ],
+            names=["rest", "keyed", "offset", "size"],
+        )
+        columns["members"] = pa.ListArray.from_arrays(
+            _list_offsets([len(row.members) for row in rows]), flat
+        )
+        self._batches.append(pa.record_batch(columns))
+
+    def table(self) -> pa.Table:
+        """Every row held, sorted by episode, as the manifest's table (``MANIFEST_SCHEMA``)."""
+        self._pack()
+        if not self._batches:
+            return MANIFEST_SCHEMA.empty_table()
+        held = pa.Table.from_batches(self._batches).combine_chunks()
+        episodes = held.column("episode_index").to_numpy()
+        order = np.argsort(episodes, kind="stable")
+        last = np.append(episodes[order][1:] != episodes[order][:-1], True)  # of each episode
+        held = held.take(order[last]).combine_chunks()
+        episodes = held.column("episode_index").to_numpy()
+        tasks = held.column("tasks").chunk(0) if held.num_rows else None
+        members = held.column("members").chunk(0)
+        flat = members.values
+        owners = np.repeat(episodes, np.diff(members.offsets.to_numpy()))
+        rest = flat.field("rest").cast(pa.string())
+        names = pc.if_else(
+            flat.field("keyed"), pc.binary_join_element_wise(episode_keys(owners), rest, ""), rest
+        )
+        columns = {name: held.column(name) for name in MANIFEST_SCHEMA.names}
+        columns["tasks"] = pa.ListArray.from_arrays(
+            tasks.offsets, tasks.values.cast(pa.string()), type=MANIFEST_SCHEMA.field("tasks").type
+        )
+        columns["members"] = pa.ListArray.from_arrays(
+            members.offsets,
+            pa.StructArray.from_arrays(
+                [names, flat.field("offset"), flat.field("size")], fields=list(MEMBER_TYPE)
+            ),
+            type=MANIFEST_SCHEMA.field("members").type,
+        )
+        return pa.table([columns[name] for name in MANIFEST_SCHEMA.names], schema=MANIFEST_SCHEMA)
+
+
+def _list_offsets(counts: list[int]) -> pa.Array:
+    return pa.array(np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(np.int32))
+
+
+def manifest_table(rows: Iterable[ManifestRow]) -> pa.Table:
+    """Build the manifest table, sorted by episode index (:class:`ManifestColumns`)."""
+    columns = ManifestColumns()
+    for row in rows:
+        columns.add(row)
+    return columns.table()
+
+
+def manifest_bytes(table: pa.Table) -> bytes:
+    """The parquet file of a manifest table, as the converter writes it."""
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    return sink.getvalue().to_pybytes()
+
+
+def write_manifest(fs: fsspec.AbstractFileSystem, path: str, rows: Iterable[ManifestRow]) -> None:
     with fs.open(path, "wb") as f:
-        pq.write_table(manifest_table(rows), f)
+        f.write(manifest_bytes(manifest_table(rows)))
 
 
 def read_whole(fs: fsspec.AbstractFileSystem, path: str) -> bytes:
@@ -252,6 +513,6 @@ def manifest_fingerprint(table: pa.Table) -> str:
     h = hashlib.sha256()
     h.update(table.column("episode_index").to_numpy().astype(np.int64).tobytes())
     h.update(table.column("length").to_numpy().astype(np.int64).tobytes())
-    for c in table.column("checksum").to_pylist():
-        h.update(c.encode())
+    for chunk in table.column("checksum").chunks:  # the checksums' text, end to end
+        h.update(string_buffers(chunk)[1])
     return h.hexdigest()[:16]

@@ -59,10 +59,11 @@ from lerobot_shards.format import (
     STATS_FILE,
     TASKS_FILE,
     DatasetIndex,
+    ManifestColumns,
     ManifestRow,
     checksum,
     join,
-    manifest_table,
+    manifest_bytes,
 )
 from lerobot_shards.source import Source, open_source
 from lerobot_shards.source.location import resolve_source
@@ -182,6 +183,11 @@ def convert(
             _prepare_dest(fs, root, options, overwrite)
             done = finished_rows(fs, root, selected, hashed=not trust_finished)
             todo = [i for i in selected if i not in done]
+            rows = ManifestColumns()  # a few hundred bytes a row, not a row object's 2 kB
+            for i in selected:
+                if i in done:
+                    rows.add(done[i])
+            del done
             if executor == "ray":
                 from lerobot_shards.converter.ray_executor import run_ray
 
@@ -191,8 +197,7 @@ def convert(
                 if in_memory:
                     n_workers = 0
                 finished = _run_local(args, src, todo, n_workers, max_in_flight)
-            written = _collect(finished, done, len(selected), len(todo), progress, lock)
-            rows = [done[i] for i in selected]
+            written = _collect(finished, rows, len(selected), len(todo), progress, lock)
             _remove_temp_files(fs, root, args.run_id)  # of workers that died mid-write
             lock.check()
             _write_dataset_files(fs, root, src, rows)
@@ -204,8 +209,8 @@ def convert(
         dest=str(dest),
         episodes=len(rows),
         converted=len(todo),
-        frames=sum(r.length for r in rows),
-        bytes=sum(r.size for r in rows),
+        frames=rows.total_frames,
+        bytes=rows.total_bytes,
         written_bytes=written,
         seconds=time.perf_counter() - started,
         decode_check=decode_check,
@@ -214,13 +219,13 @@ def convert(
 
 def _collect(
     finished: Iterator[ManifestRow],
-    done: dict[int, ManifestRow],
+    rows: ManifestColumns,
     total: int,
     todo: int,
     progress: bool,
     lock: DestinationLock,
 ) -> int:
-    """Add the rows of ``finished`` to ``done`` as they come, with progress; returns the shard
+    """Add the rows of ``finished`` to ``rows`` as they come, with progress; returns the shard
     bytes written. Stops if the lock was lost."""
     written = 0
     with tqdm(
@@ -230,7 +235,7 @@ def _collect(
         run_started = time.perf_counter()
         for row in finished:
             lock.check()
-            done[row.episode_index] = row
+            rows.add(row)
             written += row.size
             bar.update(1)
             elapsed = time.perf_counter() - run_started
@@ -420,7 +425,7 @@ def _run_local(
 
 
 def _write_dataset_files(
-    fs: fsspec.AbstractFileSystem, root: str, src: Source, rows: list[ManifestRow]
+    fs: fsspec.AbstractFileSystem, root: str, src: Source, rows: ManifestColumns
 ) -> None:
     """meta/, manifest.parquet, then index.json (last: its presence marks a finished dataset).
 
@@ -437,17 +442,15 @@ def _write_dataset_files(
         _put(fs, join(root, TASKS_FILE), _read(src, TASKS_FILE))
     else:
         _put(fs, join(root, TASKS_FILE), tasks_parquet(src.tasks))
-    sink = pa.BufferOutputStream()
-    pq.write_table(manifest_table(rows), sink)
-    manifest = sink.getvalue().to_pybytes()
+    manifest = manifest_bytes(rows.table())
     _put(fs, join(root, MANIFEST_FILE), manifest)
     index = DatasetIndex(
         codebase_version=src.codebase_version,
         fps=src.fps,
         features=src.features,
         total_episodes=len(rows),
-        total_frames=sum(r.length for r in rows),
-        total_bytes=sum(r.size for r in rows),
+        total_frames=rows.total_frames,
+        total_bytes=rows.total_bytes,
         writer_version=__version__,
         camera_keys=list(src.camera_keys),
         video_keys=list(src.video_keys),

@@ -32,8 +32,9 @@ from lerobot_shards.reader.loading.node_cache import NodeSchedule
 from lerobot_shards.reader.loading.stream import StreamOptions, decode_thread_count, stream_part
 from lerobot_shards.reader.loading.worker_epochs import WorkerEpochs
 from lerobot_shards.reader.meta.catalog import Catalog, DatasetRoot, ItemOptions, Member, as_sources
-from lerobot_shards.reader.meta.metadata import DatasetMeta, MixtureMeta, Selection
+from lerobot_shards.reader.meta.metadata import DatasetMeta, MixtureMeta
 from lerobot_shards.reader.meta.schema import check_batchable, item_schema
+from lerobot_shards.reader.meta.selection import Selection
 from lerobot_shards.reader.plan.elastic import Layout, Ordering, Part, Planner, node_parts
 from lerobot_shards.reader.plan.mixture import MixturePlan, samples_per_dataset
 from lerobot_shards.reader.plan.partition import part_index, samples_per_part
@@ -280,7 +281,8 @@ class ShardedLeRobotDataset(IterableDataset):
     @property
     def manifest(self) -> pa.Table:
         """The manifest rows of the selected episodes, in episode order (of the first dataset
-        of a mixture: each one's is ``ds.datasets[d].selection.table``)."""
+        of a mixture: each one's is ``ds.datasets[d].selection.table``), made from what the
+        dataset keeps on each call (``reader/meta/selection.py``)."""
         return self.selection.table
 
     @property

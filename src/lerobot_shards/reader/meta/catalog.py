@@ -20,11 +20,13 @@ import fsspec
 import numpy as np
 from fsspec.implementations.local import LocalFileSystem
 
+from lerobot_shards.format import MANIFEST_FILE, join
 from lerobot_shards.items import ItemSpec, delta_indices
 from lerobot_shards.reader.fetch.ranged import RetryingReads, read_span
 from lerobot_shards.reader.frames.episode import Episode, load_episode
-from lerobot_shards.reader.meta.metadata import DatasetMeta, Selection, read_meta
-from lerobot_shards.validate import check_totals, read_index
+from lerobot_shards.reader.meta.metadata import DatasetMeta, read_meta
+from lerobot_shards.reader.meta.selection import Selection, select
+from lerobot_shards.validate import check_totals, read_index, read_manifest
 
 SpanRead = Callable[..., bytes | memoryview]
 """``read(fs, span, retries=...)``: an episode span's verified bytes (``ranged.read_span``)."""
@@ -101,9 +103,13 @@ class Member:
         self._fs_pid = os.getpid()
         fs = RetryingReads(self._fs)  # a flaky store fails small files too
         index = read_index(fs, self.path)  # first: it says whether this is a dataset
-        self.selection = Selection.read(fs, self.path, source.episodes, self.root)
-        check_totals(index, self.selection.manifest, self.root)
-        self.meta: DatasetMeta = read_meta(fs, self.path, index, self.selection.manifest, self.root)
+        manifest = read_manifest(fs, join(self.path, MANIFEST_FILE))
+        selected = select(manifest, source.episodes, self.root)
+        check_totals(index, manifest, self.root)
+        self.meta: DatasetMeta = read_meta(fs, self.path, index, manifest, self.root)
+        self.selection = Selection(selected, self.path, index.video_keys)
+        self.id_span = int(manifest.column("episode_index").to_numpy().max(initial=-1)) + 1
+        """One past the largest episode index of the manifest (selected or not)."""
         key_map = dict(source.key_map)
         unknown = sorted(set(key_map) - set(self.meta.features) - {"task"})
         if unknown:
@@ -177,17 +183,15 @@ class Catalog:
 
     def __init__(self, members: Sequence[Member]) -> None:
         self.members = list(members)
-        spans = [
-            int(m.selection.manifest.column("episode_index").to_numpy().max(initial=-1)) + 1
-            for m in self.members
-        ]
+        spans = [m.id_span for m in self.members]
         self.offsets = np.concatenate([[0], np.cumsum(spans)[:-1]]).astype(np.int64)
         self.episodes_of = [
-            m.selection.episodes + o for m, o in zip(self.members, self.offsets, strict=True)
+            m.selection.episodes + o if o else m.selection.episodes
+            for m, o in zip(self.members, self.offsets, strict=True)
         ]
-        self.episodes = np.concatenate(self.episodes_of) if self.members else np.zeros(0, np.int64)
-        self.lengths = np.concatenate([m.selection.lengths for m in self.members])
-        self.sizes = np.concatenate([m.selection.sizes for m in self.members])
+        self.episodes = _joined(self.episodes_of)
+        self.lengths = _joined([m.selection.lengths for m in self.members])
+        self.sizes = _joined([m.selection.sizes for m in self.members])
 
     @classmethod
     def open(
@@ -244,3 +248,10 @@ class Catalog:
             digest.update(member.selection.fingerprint.encode())
         digest.update(repr(extra).encode())
         return f"mixture:{digest.hexdigest()}"
+
+
+def _joined(arrays: list[np.ndarray]) -> np.ndarray:
+    """One member's array itself (no copy of a million entries), several end to end."""
+    if len(arrays) == 1:
+        return arrays[0]
+    return np.concatenate(arrays) if arrays else np.zeros(0, np.int64)

@@ -1,0 +1,154 @@
+"""A million episodes: what the reader keeps and does per episode, never per frame or per
+dataset where a worker's own episodes would do (issue 49). No timings: allocations, calls and
+bytes, with bounds that code whose cost does not grow with the dataset meets at any scale.
+
+Datasets are made at scale in seconds from the golden one (``testing.scale``: the manifest of
+every episode, shards only where read); ``scripts/bench_scale.py`` measures the times."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import fsspec
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lerobot_shards import ShardedLeRobotDataset
+from lerobot_shards.format import (
+    MANIFEST_FILE,
+    ManifestRow,
+    Member,
+    episode_key,
+    manifest_table,
+    shard_path,
+)
+from lerobot_shards.reader.meta.selection import Selection
+from lerobot_shards.testing.scale import make_scaled_dataset
+from lerobot_shards.validate import check_manifest, read_manifest
+
+VIDEO_KEYS = ["observation.images.cam_high", "observation.images.cam_left_wrist"]
+
+
+# ------------------------------------------------------------------ what a process keeps
+
+
+@pytest.fixture(scope="module")
+def many_episodes(av1: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """140,000 episodes: a manifest parquet reads back in two chunks (of 131,072 rows)."""
+    return make_scaled_dataset(av1, tmp_path_factory.mktemp("scale") / "many", 140_000)
+
+
+def test_a_pickled_dataset_is_about_its_manifests_size(many_episodes):
+    """What a spawn or forkserver DataLoader worker receives. The manifest read in chunks
+    that share buffers pickled every chunk with all of them (apache/arrow#26685), and the
+    table beside per-episode lists: 3.98 GB at a million episodes, 29x the file."""
+    manifest = many_episodes / MANIFEST_FILE
+    read = read_manifest(fsspec.filesystem("file"), str(manifest))
+    assert read.column("members").num_chunks > 1  # the case that blew up
+    ds = ShardedLeRobotDataset(str(many_episodes))
+    pickled = pickle.dumps(ds)
+    assert len(pickled) < 2 * manifest.stat().st_size
+    again = pickle.loads(pickled)
+    assert again.selection.span(139_999) == ds.selection.span(139_999)
+    assert again.fingerprint == ds.fingerprint
+
+
+def test_the_kept_manifest_gives_back_every_row(many_episodes):
+    """The selection keeps numbers, digests and spans, and gives back the manifest's rows."""
+    table = read_manifest(fsspec.filesystem("file"), str(many_episodes / MANIFEST_FILE))
+    selection = ShardedLeRobotDataset(str(many_episodes)).selection
+    assert selection.table.equals(table)
+    for episode in (0, 1, 77_777, 139_999):
+        row = table.slice(episode, 1).to_pylist()[0]
+        base = row["offset"]
+        assert selection.members(episode) == {
+            m["name"]: (m["offset"] - base, m["size"]) for m in row["members"]
+        }
+        assert selection.span(episode).checksum == row["checksum"]
+        assert selection.span(episode).path.endswith(row["shard"])
+
+
+def plain_row(episode: int, start: int) -> ManifestRow:
+    key = episode_key(episode)
+    names = [f"{key}.json", f"{key}.parquet", *(f"{key}.{k}.mp4" for k in VIDEO_KEYS)]
+    members = [Member(name, 512 + 1024 * i, 100 + i) for i, name in enumerate(names)]
+    return ManifestRow(
+        episode, shard_path(episode), 0, 1024 * len(names), 3, start, start + 3,
+        ["a task"], members, f"sha256:{episode:064x}",
+    )  # fmt: skip
+
+
+ODDITIES = st.sampled_from(
+    ["swapped", "extra", "renamed", "missing", "one tar", "another key", "no tasks", "two tasks"]
+)
+
+
+def odd(row: ManifestRow, oddity: str) -> ManifestRow:
+    """``row`` as another writer might have written it (a lie or not: the reader's checks of
+    each episode decide; its selection must keep what the manifest says)."""
+    members = list(row.members)
+    if oddity == "swapped":
+        members[0], members[1] = members[1], members[0]
+    elif oddity == "extra":
+        members.append(Member(f"{episode_key(row.episode_index)}.txt", 600, 1))
+    elif oddity == "renamed":
+        members[2] = Member("camera.mp4", members[2].offset, members[2].size)
+    elif oddity == "missing":
+        members = members[:3]
+    elif oddity == "one tar":
+        row.shard = "shards/all.tar"
+    elif oddity == "another key":
+        members[0] = Member(f"{episode_key(row.episode_index + 1)}.json", 512, 100)
+    elif oddity == "no tasks":
+        row.tasks = []
+    else:
+        row.tasks = ["a task", "another"]
+    row.members = members
+    return row
+
+
+@settings(max_examples=60)
+@given(
+    episodes=st.lists(st.integers(0, 2_000_000), min_size=1, max_size=40, unique=True).map(sorted),
+    oddities=st.dictionaries(st.integers(0, 39), ODDITIES, max_size=6),
+)
+def test_the_kept_manifest_is_the_manifest(episodes, oddities):
+    """Whatever the rows say (the format's names, or others: below and above a million, whose
+    keys have seven digits), the selection's members, spans and rows are the manifest's."""
+    rows = [plain_row(e, 3 * i) for i, e in enumerate(episodes)]
+    for i, oddity in oddities.items():
+        if i < len(rows):
+            rows[i] = odd(rows[i], oddity)
+    table = check_manifest(manifest_table(rows), "manifest")
+    selection = Selection(table, "root", VIDEO_KEYS)
+    assert selection.table.equals(table)
+    for row in rows:
+        assert selection.members(row.episode_index) == {
+            m.name: (m.offset - row.offset, m.size) for m in row.members
+        }
+        span = selection.span(row.episode_index)
+        assert (span.path, span.offset, span.size, span.checksum) == (
+            f"root/{row.shard}",
+            row.offset,
+            row.size,
+            row.checksum,
+        )
+    again = pickle.loads(pickle.dumps(selection))
+    assert again.table.equals(table)
+
+
+def test_a_manifest_read_in_chunks_is_kept_as_one(av1):
+    """Rows read in several chunks (or sliced out of a larger table) are the same rows."""
+    table = read_manifest(fsspec.filesystem("file"), str(av1 / MANIFEST_FILE))
+    chunked = pa.Table.from_batches(table.to_batches(max_chunksize=2))
+    assert chunked.column("members").num_chunks > 1
+    one, several = (Selection(t, "root", VIDEO_KEYS) for t in (table, chunked))
+    assert several.table.equals(one.table)
+    assert several.fingerprint == one.fingerprint
+    sink = pa.BufferOutputStream()
+    pq.write_table(several.table, sink)
+    assert pq.read_table(pa.BufferReader(sink.getvalue())).equals(table)
