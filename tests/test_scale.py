@@ -8,15 +8,19 @@ every episode, shards only where read); ``scripts/bench_scale.py`` measures the 
 from __future__ import annotations
 
 import pickle
+import tracemalloc
 from pathlib import Path
 
 import fsspec
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch.utils.data._utils.worker import WorkerInfo
 
+import lerobot_shards.reader.loading.dataset as dataset_module
 from lerobot_shards import ShardedLeRobotDataset
 from lerobot_shards.format import (
     MANIFEST_FILE,
@@ -27,10 +31,92 @@ from lerobot_shards.format import (
     shard_path,
 )
 from lerobot_shards.reader.meta.selection import Selection
+from lerobot_shards.reader.plan.elastic import consumed_per_worker
 from lerobot_shards.testing.scale import make_scaled_dataset
 from lerobot_shards.validate import check_manifest, read_manifest
 
 VIDEO_KEYS = ["observation.images.cam_high", "observation.images.cam_left_wrist"]
+
+
+# ------------------------------------------------------------------ epoch start
+
+
+def reference_consumed(offset, per_worker, batch_size, repeat):
+    """The DataLoader's round-robin replayed batch by batch (what ``consumed_per_worker``
+    computed before: an array entry per batch of the rank, so per sample at batch size 1)."""
+    workers = len(per_worker)
+    b = max(1, batch_size)
+    if repeat:
+        batches, partial = divmod(offset, b)
+        rounds, nxt = divmod(batches, workers)
+        taken = [rounds * b + (b if w < nxt else 0) for w in range(workers)]
+        taken[nxt] += partial
+        return taken, nxt
+    counts = np.asarray(per_worker, dtype=np.int64)
+    rounds = int(-(-counts.max() // b)) if len(counts) and counts.max() > 0 else 0
+    sizes = np.clip(counts[None, :] - b * np.arange(rounds)[:, None], 0, b).ravel()
+    ends = np.cumsum(sizes)
+    done = int(np.searchsorted(ends, offset, side="right"))
+    taken = np.bincount(np.arange(done) % workers, weights=sizes[:done], minlength=workers)
+    taken = taken.astype(np.int64)
+    rest = np.flatnonzero(sizes[done:] > 0)
+    if not len(rest):
+        return counts.tolist(), 0
+    nxt = int((done + rest[0]) % workers)
+    taken[nxt] += offset - (int(ends[done - 1]) if done else 0)
+    return taken.tolist(), nxt
+
+
+@settings(max_examples=300)
+@given(
+    per_worker=st.lists(st.integers(0, 60), min_size=1, max_size=6),
+    batch_size=st.integers(1, 9),
+    offset=st.integers(0, 400),
+    repeat=st.booleans(),
+)
+def test_consumed_per_worker_is_the_round_robin_replayed(per_worker, batch_size, offset, repeat):
+    got = consumed_per_worker(offset, per_worker, batch_size, repeat)
+    assert got == reference_consumed(offset, per_worker, batch_size, repeat)
+
+
+def peak_bytes(work) -> int:
+    """The most memory Python and numpy held at once while ``work()`` ran, above the start."""
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        before = tracemalloc.get_traced_memory()[0]
+        work()
+        return tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.parametrize("offset", [0, 1_234_567, 2_000_000])
+def test_consumed_per_worker_allocates_nothing_per_sample(offset):
+    """At a fresh start (batch size 1, offset 0) it built an int64 per sample of the rank,
+    several times over: 3.8 GB in each worker at a million episodes."""
+    workers = [1_000_000, 1_000_000, 999_999]
+    assert peak_bytes(lambda: consumed_per_worker(offset, workers, 1, False)) < 64_000
+
+
+@pytest.fixture(scope="module")
+def long_episodes(av1: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """300 episodes of 20,000 frames each (unread: no shard)."""
+    dest = tmp_path_factory.mktemp("scale") / "long"
+    return make_scaled_dataset(av1, dest, 300, length=20_000)
+
+
+def test_a_workers_epoch_start_allocates_per_episode_not_per_frame(long_episodes, monkeypatch):
+    """What a DataLoader worker allocates when its iteration starts (before its first fetch)
+    is in its episodes' number: 6 million frames here, 300 episodes."""
+    ds = ShardedLeRobotDataset(str(long_episodes))
+    ds.num_workers = 2
+    info = WorkerInfo(id=1, num_workers=2, seed=7, dataset=ds)
+    monkeypatch.setattr(dataset_module, "get_worker_info", lambda: info)
+    monkeypatch.setattr(dataset_module, "tune_worker_malloc", lambda: None)
+    ds.load_state_dict({"epoch": 0, "offset": 0, "batch_size": 1})  # a fresh start's state
+    peak = peak_bytes(lambda: iter(ds))
+    assert peak < 2_000_000, f"{peak} bytes at epoch start"
 
 
 # ------------------------------------------------------------------ what a process keeps

@@ -74,19 +74,31 @@ def consumed_per_worker(
         taken = [rounds * b + (b if w < nxt else 0) for w in range(workers)]
         taken[nxt] += partial
         return taken, nxt
-    counts = np.asarray(per_worker, dtype=np.int64)
-    rounds = int(-(-counts.max() // b)) if len(counts) and counts.max() > 0 else 0
-    sizes = np.clip(counts[None, :] - b * np.arange(rounds)[:, None], 0, b).ravel()
-    ends = np.cumsum(sizes)
-    done = int(np.searchsorted(ends, offset, side="right"))  # whole batches taken
-    taken = np.bincount(np.arange(done) % workers, weights=sizes[:done], minlength=workers)
-    taken = taken.astype(np.int64)
-    rest = np.flatnonzero(sizes[done:] > 0)
-    if not len(rest):
-        return counts.tolist(), 0
-    nxt = int((done + rest[0]) % workers)
-    taken[nxt] += offset - (int(ends[done - 1]) if done else 0)
-    return taken.tolist(), nxt
+    # Closed form, in the workers' number: round r gives worker w min(b, max(0, c_w - r b))
+    # samples, so the first R rounds give min(c_w, R b). Find the last whole round the offset
+    # covers, then walk that round's batches (a batch per sample of the rank, built for a
+    # fresh start's batch size of 1, took gigabytes at a million episodes).
+    counts = [int(c) for c in per_worker]
+
+    def through(rounds: int) -> int:
+        return sum(min(c, rounds * b) for c in counts)
+
+    lo, hi = 0, max((-(-c // b) for c in counts), default=0)
+    if through(hi) <= offset:
+        return counts, 0
+    while lo < hi:  # the most rounds whose samples the offset covers
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if through(mid) <= offset else (lo, mid - 1)
+    taken = [min(c, lo * b) for c in counts]
+    end = sum(taken)
+    for w, c in enumerate(counts):
+        size = min(max(c - lo * b, 0), b)
+        if end + size > offset:
+            taken[w] += offset - end
+            return taken, w
+        taken[w] += size
+        end += size
+    raise AssertionError("the round after the last covered one ends past the offset")
 
 
 @dataclass(frozen=True)
