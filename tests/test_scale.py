@@ -30,6 +30,7 @@ from lerobot_shards.format import (
     manifest_table,
     shard_path,
 )
+from lerobot_shards.reader.meta.catalog import Catalog
 from lerobot_shards.reader.meta.selection import Selection
 from lerobot_shards.reader.plan.elastic import consumed_per_worker
 from lerobot_shards.testing.scale import make_scaled_dataset
@@ -117,6 +118,22 @@ def test_a_workers_epoch_start_allocates_per_episode_not_per_frame(long_episodes
     ds.load_state_dict({"epoch": 0, "offset": 0, "batch_size": 1})  # a fresh start's state
     peak = peak_bytes(lambda: iter(ds))
     assert peak < 2_000_000, f"{peak} bytes at epoch start"
+
+
+# ------------------------------------------------------------------ the first item
+
+
+def test_the_first_item_looks_up_only_the_episodes_it_fetches(av1, tmp_path, monkeypatch):
+    """A part's first item looked up the dataset of each of the part's episodes, one call
+    each (a million calls, 3.7 s, at a million episodes); now it looks up what it fetches."""
+    root = make_scaled_dataset(av1, tmp_path / "ds", 400, read=range(400))
+    ds = ShardedLeRobotDataset(str(root), buffer_size=2, shuffle=False, decode_threads=0)
+    calls = []
+    locate = Catalog.locate
+    monkeypatch.setattr(Catalog, "locate", lambda self, e: calls.append(e) or locate(self, e))
+    first = next(iter(ds))
+    assert int(first["index"]) == 0
+    assert len(calls) <= 2 * (ds.buffer_size + ds.prefetch_depth), calls
 
 
 # ------------------------------------------------------------------ what a process keeps

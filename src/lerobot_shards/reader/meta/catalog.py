@@ -222,6 +222,11 @@ class Catalog:
         d = int(np.searchsorted(self.offsets, episode, side="right")) - 1
         return self.members[d], int(episode - self.offsets[d])
 
+    def member_indices(self, episodes: np.ndarray) -> np.ndarray:
+        """The member (its place in ``members``) of each of the global episode ids
+        ``episodes``: one search for a part's episodes, not one call each."""
+        return np.searchsorted(self.offsets, episodes, side="right") - 1
+
     def describe(self, episode: int) -> str:
         """Global episode id ``episode`` as a user knows it: ``Episode e`` (of which dataset)."""
         member, own = self.locate(episode)
