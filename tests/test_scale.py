@@ -16,12 +16,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data._utils.worker import WorkerInfo
 
 import lerobot_shards.reader.loading.dataset as dataset_module
 from lerobot_shards import ShardedLeRobotDataset
+from lerobot_shards.cli import main
+from lerobot_shards.converter.check import verify_dataset
 from lerobot_shards.format import (
     MANIFEST_FILE,
     ManifestRow,
@@ -255,3 +258,48 @@ def test_a_manifest_read_in_chunks_is_kept_as_one(av1):
     sink = pa.BufferOutputStream()
     pq.write_table(several.table, sink)
     assert pq.read_table(pa.BufferReader(sink.getvalue())).equals(table)
+
+
+# ------------------------------------------------------------------ verify
+
+
+def test_verify_samples_shards_and_checks_the_manifest_side_alone(av1, tmp_path):
+    """``sample=N`` checks N shards drawn at random (here every one is missing but the first
+    ten), ``sample=0`` the manifest side alone; without it, every shard."""
+    root = make_scaled_dataset(av1, tmp_path / "ds", 60, read=range(10))
+    assert verify_dataset(str(root), sample=0) == []
+    every = verify_dataset(str(root))
+    assert [p.episode_index for p in every] == list(range(10, 60))
+    assert {p.message for p in every} == {"shard file missing"}
+    sampled = verify_dataset(str(root), sample=25)
+    episodes = [p.episode_index for p in sampled]
+    assert episodes == sorted(set(episodes)) and set(episodes) <= set(range(10, 60))
+    assert len(episodes) >= 25 - 10  # at most the ten present shards drawn without a problem
+
+
+def test_verify_in_worker_processes_finds_what_one_process_finds(av1, tmp_path):
+    """Shards checked in two processes: the same problems, in episode order."""
+    root = make_scaled_dataset(av1, tmp_path / "ds", 80, read=range(0, 80, 2))
+    flipped = root / shard_path(40)
+    data = bytearray(flipped.read_bytes())
+    data[len(data) // 2] ^= 1
+    flipped.write_bytes(bytes(data))
+    alone = verify_dataset(str(root))
+    assert len(alone) == 41
+    assert [(p.episode_index, p.message) for p in alone if p.episode_index == 40] == [
+        (40, "checksum mismatch: the shard's bytes differ from the manifest")
+    ]
+    assert verify_dataset(str(root), workers=2) == alone
+
+
+def test_verify_command_line_options(av1, tmp_path):
+    root = make_scaled_dataset(av1, tmp_path / "ds", 30, read=range(30))
+    ok = CliRunner().invoke(main, ["verify", str(root), "--sample", "0", "--no-progress"])
+    assert ok.exit_code == 0, ok.output
+    assert ok.output.strip() == f"{root}: ok (the manifest side)"
+    (root / shard_path(7)).unlink()
+    bad = CliRunner().invoke(main, ["verify", str(root), "--workers", "0", "--no-progress"])
+    assert bad.exit_code == 1
+    assert f"episode 7 {shard_path(7)}: shard file missing" in bad.output
+    refused = CliRunner().invoke(main, ["verify", str(root), "--ray-address", "x"])
+    assert refused.exit_code == 2 and "--ray-address needs --executor ray" in refused.output

@@ -218,17 +218,64 @@ def inspect(roots: tuple[str, ...], as_json: bool) -> None:
 @main.command()
 @click.argument("root")
 @click.option("--deep", is_flag=True, help="Also decode every frame of every camera.")
-def verify(root: str, deep: bool) -> None:
-    """Check every shard of ROOT against its manifest; exit 1 on any problem."""
-    from lerobot_shards.converter.check import verify_dataset
+@click.option(
+    "--sample",
+    type=click.IntRange(min=0),
+    help="Check N shards drawn at random instead of every one (0: the manifest side only).",
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(min=0),
+    help="Processes checking shards (default: CPU count; 0: in this process).",
+)
+@click.option(
+    "--executor",
+    type=click.Choice(["local", "ray"]),
+    default="local",
+    show_default=True,
+    help="Where shards are checked: local processes, or Ray tasks on a cluster (needs pip "
+    "install 'lerobot-shards[ray]').",
+)
+@click.option(
+    "--ray-address",
+    help="Ray cluster to connect to (default: RAY_ADDRESS, else a new local Ray instance).",
+)
+@click.option("--no-progress", is_flag=True, help="No progress bar.")
+def verify(
+    root: str, deep: bool, sample: int | None, workers: int | None, executor: str,
+    ray_address: str | None, no_progress: bool,
+) -> None:  # fmt: skip
+    """Check ROOT's index.json, metadata and manifest, then every shard (or --sample N of
+    them) against its manifest row; exit 1 on any problem."""
+    if ray_address is not None and executor != "ray":
+        raise click.UsageError("--ray-address needs --executor ray")
+    if executor == "ray" and workers is not None:
+        raise click.UsageError("--workers is for local processes; Ray uses the cluster's CPUs")
+    if executor == "local" and workers not in (0, 1):
+        from lerobot_shards.converter.forkserver import start_early
 
-    problems = verify_dataset(root, deep=deep)
-    for problem in problems:
-        click.echo(str(problem), err=True)
+        start_early()  # the workers' imports overlap the manifest's checks
+    from lerobot_shards.converter.check import verify_dataset
+    from lerobot_shards.converter.job import ConvertError
+
+    try:
+        problems = verify_dataset(
+            root,
+            deep=deep,
+            sample=sample,
+            workers=(os.cpu_count() or 1) if workers is None else workers,
+            executor=executor,
+            ray_address=ray_address,
+            progress=not no_progress,
+        )
+    except ConvertError as exc:  # Ray asked for and missing
+        raise click.ClickException(str(exc)) from exc
     if problems:
+        click.echo("\n".join(str(problem) for problem in problems), err=True)
         click.echo(f"{root}: {len(problems)} problem(s)", err=True)
         sys.exit(1)
-    click.echo(f"{root}: ok")
+    checked = "the manifest side" if sample == 0 else f"{sample} sampled shards" if sample else ""
+    click.echo(f"{root}: ok" + (f" ({checked})" if checked else ""))
 
 
 def parse_weights(spec: str | None, count: int) -> list[float] | None:

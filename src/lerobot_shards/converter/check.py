@@ -6,7 +6,9 @@ dataset the way a reader will see it, whoever wrote it.
 
 from __future__ import annotations
 
+import functools
 import io
+import json
 import tarfile
 from dataclasses import dataclass
 from typing import Any
@@ -16,7 +18,9 @@ import fsspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from tqdm import tqdm
 
+from lerobot_shards.converter.parallel import run_tasks
 from lerobot_shards.format import (
     MANIFEST_FILE,
     EpisodeHeader,
@@ -26,6 +30,7 @@ from lerobot_shards.format import (
     header_member,
     join,
     manifest_rows,
+    read_whole,
     rows_member,
     video_member,
 )
@@ -40,6 +45,7 @@ from lerobot_shards.validate import (
     decode_image,
     frame_size,
     parse_header,
+    parse_manifest,
     read_index,
     read_manifest,
 )
@@ -133,32 +139,109 @@ def _read_header(fs: fsspec.AbstractFileSystem, root: str, row: ManifestRow) -> 
     return parse_header(data, where=f"{row.shard}:{member.name}")
 
 
+VERIFY_TASK = 32
+"""Episodes one verify task checks (a worker's unit: enough that starting it costs little)."""
+
+
+@dataclass(frozen=True)
+class EpisodeChecks:
+    """What checking a dataset's episodes needs, besides their rows: small and picklable, for
+    ``verify``'s workers (a worker opens the filesystem itself)."""
+
+    root: str
+    storage_options: dict | None
+    video_keys: list[str]
+    deep: bool
+    features: dict[str, Any]
+    task_names: list[str]
+    fps: float
+    image_keys: list[str]
+
+
 def verify_dataset(
-    root: str, *, deep: bool = False, storage_options: dict | None = None
+    root: str,
+    *,
+    deep: bool = False,
+    storage_options: dict | None = None,
+    sample: int | None = None,
+    workers: int = 0,
+    executor: str = "local",
+    ray_address: str | None = None,
+    progress: bool = False,
 ) -> list[Problem]:
-    """Every problem found: checksums, tar structure, member offsets, headers, rows; with
-    ``deep`` also every frame of every camera decoded and counted."""
+    """Every problem found, in episode order: ``index.json``, the metadata and the manifest
+    checked whole (the manifest side), then each episode's shard: checksum, tar structure,
+    member offsets, header, rows; with ``deep`` also every frame of every camera decoded and
+    counted.
+
+    Args:
+        root: The converted dataset (a path or fsspec URL).
+        deep: Decode every frame.
+        storage_options: For the dataset's filesystem.
+        sample: Check this many shards drawn at random, not every one (0: the manifest side
+            only).
+        workers: Local processes checking shards (0 or 1: this process).
+        executor: ``"local"``, or ``"ray"``: Ray tasks on the cluster at ``ray_address``
+            (default ``RAY_ADDRESS``, else a new local instance).
+        ray_address: See ``executor``.
+        progress: Show a progress bar of the episodes checked.
+    """
     from lerobot_shards.reader.meta.metadata import read_meta  # no torch: verify runs without it
 
     fs, path = _open(root, storage_options)
     try:
         index = read_index(fs, path)
-        table = read_manifest(fs, join(path, MANIFEST_FILE))
+        data = read_whole(fs, join(path, MANIFEST_FILE))
+        table = parse_manifest(data, join(path, MANIFEST_FILE))
         # The reader's own checks of meta/info.json and the tasks: the two agree.
         meta = read_meta(fs, path, index, table, root)
     except (FormatError, FileNotFoundError) as exc:
         return [Problem(None, None, str(exc))]
     problems = []
-    with fs.open(join(path, MANIFEST_FILE), "rb") as f:
-        if checksum(f.read()) != index.manifest_checksum:
-            problems.append(Problem(None, MANIFEST_FILE, "checksum differs from index.json"))
-    rows = manifest_rows(table)
+    if checksum(data) != index.manifest_checksum:
+        problems.append(Problem(None, MANIFEST_FILE, "checksum differs from index.json"))
+    del data
     try:
         check_totals(index, table, root)
     except FormatError as exc:
         problems.append(Problem(None, None, str(exc)))
+    rows = np.arange(table.num_rows)
+    if sample is not None and sample < len(rows):
+        rows = np.sort(np.random.default_rng().choice(len(rows), sample, replace=False))
+    checks = EpisodeChecks(
+        str(root), storage_options, list(index.video_keys), deep, meta.features,
+        meta.task_names, meta.fps, list(meta.image_keys),
+    )  # fmt: skip
+    tasks = (rows[i : i + VERIFY_TASK] for i in range(0, len(rows), VERIFY_TASK))
+    found: list[tuple[int, list[Problem]]] = []
+    with tqdm(total=len(rows), unit="ep", desc="verify", disable=not progress) as bar:
+        for task, episode_problems in run_tasks(
+            functools.partial(check_episodes, checks),
+            (manifest_rows(table.take(task)) for task in tasks),
+            workers=workers,
+            executor=executor,
+            ray_address=ray_address,
+        ):
+            found.append((task[0].episode_index, episode_problems))
+            bar.update(len(task))
+    for _, episode_problems in sorted(found, key=lambda f: f[0]):
+        problems += episode_problems
+    return problems
+
+
+_FILESYSTEMS: dict[tuple[str, str], tuple[fsspec.AbstractFileSystem, str]] = {}
+"""Each verify worker's open filesystems, by root and storage options."""
+
+
+def check_episodes(checks: EpisodeChecks, rows: list[ManifestRow]) -> list[Problem]:
+    """The problems of ``rows``' episodes (a verify task, run in a worker)."""
+    key = (checks.root, json.dumps(checks.storage_options, sort_keys=True, default=repr))
+    if key not in _FILESYSTEMS:
+        _FILESYSTEMS[key] = _open(checks.root, checks.storage_options)
+    fs, path = _FILESYSTEMS[key]
+    problems = []
     for row in rows:
-        found = verify_episode(fs, path, row, index.video_keys, deep, meta)
+        found = verify_episode(fs, path, row, checks.video_keys, checks.deep, checks)
         problems += [Problem(row.episode_index, row.shard, msg) for msg in found]
     return problems
 
@@ -172,7 +255,8 @@ def verify_episode(
     meta: Any,
 ) -> list[str]:
     """What is wrong with one episode's shard (empty if nothing), by the reader's own checks
-    (``validate.py``) against the dataset's ``meta`` (``reader.meta.DatasetMeta``)."""
+    (``validate.py``) against the dataset's ``meta`` (its ``features``, ``task_names``,
+    ``fps`` and ``image_keys``: a ``reader.meta.DatasetMeta`` or :class:`EpisodeChecks`)."""
     shard = join(root, row.shard)
     try:
         actual = fs.size(shard)
