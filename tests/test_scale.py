@@ -21,12 +21,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data._utils.worker import WorkerInfo
 
+import lerobot_shards.format as format_module
 import lerobot_shards.reader.loading.dataset as dataset_module
 from lerobot_shards import ShardedLeRobotDataset
 from lerobot_shards.cli import main
 from lerobot_shards.converter.check import verify_dataset
 from lerobot_shards.format import (
     MANIFEST_FILE,
+    MANIFEST_SCHEMA,
+    ManifestColumns,
     ManifestRow,
     Member,
     episode_key,
@@ -230,7 +233,7 @@ def test_the_kept_manifest_is_the_manifest(episodes, oddities):
         if i < len(rows):
             rows[i] = odd(rows[i], oddity)
     table = check_manifest(manifest_table(rows), "manifest")
-    selection = Selection(table, "root", VIDEO_KEYS)
+    selection = Selection.of(table, "root", VIDEO_KEYS)
     assert selection.table.equals(table)
     for row in rows:
         assert selection.members(row.episode_index) == {
@@ -252,7 +255,7 @@ def test_a_manifest_read_in_chunks_is_kept_as_one(av1):
     table = read_manifest(fsspec.filesystem("file"), str(av1 / MANIFEST_FILE))
     chunked = pa.Table.from_batches(table.to_batches(max_chunksize=2))
     assert chunked.column("members").num_chunks > 1
-    one, several = (Selection(t, "root", VIDEO_KEYS) for t in (table, chunked))
+    one, several = (Selection.of(t, "root", VIDEO_KEYS) for t in (table, chunked))
     assert several.table.equals(one.table)
     assert several.fingerprint == one.fingerprint
     sink = pa.BufferOutputStream()
@@ -303,3 +306,38 @@ def test_verify_command_line_options(av1, tmp_path):
     assert f"episode 7 {shard_path(7)}: shard file missing" in bad.output
     refused = CliRunner().invoke(main, ["verify", str(root), "--ray-address", "x"])
     assert refused.exit_code == 2 and "--ray-address needs --executor ray" in refused.output
+
+
+# ------------------------------------------------------------------ the converter's rows
+
+
+def reference_table(rows: list[ManifestRow]) -> pa.Table:
+    """The manifest of ``rows`` built row by row: the last row of an episode wins."""
+    last = {row.episode_index: row for row in rows}
+    records = [
+        {**vars(row), "members": [vars(m) for m in row.members]}
+        for row in sorted(last.values(), key=lambda r: r.episode_index)
+    ]
+    return pa.Table.from_pylist(records, schema=MANIFEST_SCHEMA)
+
+
+@settings(max_examples=40)
+@given(
+    episodes=st.lists(st.integers(0, 2_000_000), min_size=1, max_size=30),
+    oddities=st.dictionaries(st.integers(0, 29), ODDITIES, max_size=6),
+    chunk=st.sampled_from([2, 7, 8192]),
+)
+def test_collected_rows_make_the_manifest(episodes, oddities, chunk):
+    """Rows in any order, an episode given again (a retried one): the manifest of the last row
+    of each episode, sorted, whatever the rows' names, and however they were packed."""
+    rows = [plain_row(e, 3 * i) for i, e in enumerate(episodes)]
+    for i, oddity in oddities.items():
+        if i < len(rows):
+            rows[i] = odd(rows[i], oddity)
+    columns = ManifestColumns()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(format_module, "MANIFEST_CHUNK", chunk)
+        for row in rows:
+            columns.add(row)
+    assert columns.table().equals(reference_table(rows))
+    assert len(columns) == len(rows)

@@ -20,13 +20,13 @@ import fsspec
 import numpy as np
 from fsspec.implementations.local import LocalFileSystem
 
-from lerobot_shards.format import MANIFEST_FILE, join
+from lerobot_shards.format import MANIFEST_FILE, join, read_whole
 from lerobot_shards.items import ItemSpec, delta_indices
 from lerobot_shards.reader.fetch.ranged import RetryingReads, read_span
 from lerobot_shards.reader.frames.episode import Episode, load_episode
 from lerobot_shards.reader.meta.metadata import DatasetMeta, read_meta
-from lerobot_shards.reader.meta.selection import Selection, select
-from lerobot_shards.validate import check_totals, read_index, read_manifest
+from lerobot_shards.reader.meta.selection import read_selection
+from lerobot_shards.validate import check_totals, read_index
 
 SpanRead = Callable[..., bytes | memoryview]
 """``read(fs, span, retries=...)``: an episode span's verified bytes (``ranged.read_span``)."""
@@ -103,12 +103,14 @@ class Member:
         self._fs_pid = os.getpid()
         fs = RetryingReads(self._fs)  # a flaky store fails small files too
         index = read_index(fs, self.path)  # first: it says whether this is a dataset
-        manifest = read_manifest(fs, join(self.path, MANIFEST_FILE))
-        selected = select(manifest, source.episodes, self.root)
-        check_totals(index, manifest, self.root)
-        self.meta: DatasetMeta = read_meta(fs, self.path, index, manifest, self.root)
-        self.selection = Selection(selected, self.path, index.video_keys)
-        self.id_span = int(manifest.column("episode_index").to_numpy().max(initial=-1)) + 1
+        where = join(self.path, MANIFEST_FILE)
+        self.selection, every = read_selection(
+            read_whole(fs, where), where, self.path, source.episodes, self.root, index.video_keys
+        )
+        numbers = every.table()
+        check_totals(index, numbers, self.root)
+        self.meta: DatasetMeta = read_meta(fs, self.path, index, numbers, self.root, every.shard)
+        self.id_span = int(every.episodes.max(initial=-1)) + 1
         """One past the largest episode index of the manifest (selected or not)."""
         key_map = dict(source.key_map)
         unknown = sorted(set(key_map) - set(self.meta.features) - {"task"})

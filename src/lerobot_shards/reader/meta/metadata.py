@@ -5,7 +5,7 @@ rows: ``selection.py``)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import fsspec
@@ -202,11 +202,18 @@ class DatasetMeta(_FeatureViews):
 
 
 def read_meta(
-    fs: fsspec.AbstractFileSystem, path: str, index: DatasetIndex, manifest: pa.Table, root: str
+    fs: fsspec.AbstractFileSystem,
+    path: str,
+    index: DatasetIndex,
+    manifest: pa.Table,
+    root: str,
+    shard_of: Callable[[int], str] | None = None,
 ) -> DatasetMeta:
     """The metadata of the converted dataset at ``path`` (its ``index.json`` and manifest
     already read; ``root`` as the user gave it); a missing or unreadable file raises
-    ``FormatError`` naming it."""
+    ``FormatError`` naming it. ``manifest`` may hold only the rows' numbers (``episode_index``,
+    ``length``, ``dataset_from_index``, ``dataset_to_index``), ``shard_of(row)`` giving their
+    shards."""
 
     def read_json(relative: str, required: bool) -> Any:
         file = join(path, relative)
@@ -247,7 +254,7 @@ def read_meta(
             f"{tasks_path}: {len(indices)} tasks, {join(path, INFO_FILE)} says total_tasks="
             f"{info['total_tasks']!r}"
         )
-    check_ranges(manifest, info, join(path, INFO_FILE))
+    check_ranges(manifest, info, join(path, INFO_FILE), shard_of)
     tasks = [""] * len(indices)
     for i, task in zip(indices, table.column("task").to_pylist(), strict=True):
         tasks[i] = task

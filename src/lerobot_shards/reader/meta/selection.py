@@ -11,17 +11,19 @@ reader needs of a row is its numbers, its checksum, its shard and its members' s
   camera of ``index.json``'s ``video_keys``), is kept as its span only; any other name (extra
   members, another order) as its text, beside its span.
 
-Both are decided for the whole manifest at once by comparing its bytes with the names the
-format would give (``format.formatted``). Arrays only, so DataLoader workers forked from the
-process share them page for page (a Python object's reference count, written when it is read,
-would copy its page into every worker), and pickling them (spawn and forkserver workers) costs
-their own bytes, never the Arrow buffers they were read from, which pyarrow pickles whole with
-every slice (apache/arrow#26685). ``table`` gives the rows back as the manifest had them.
+The manifest is read a checked batch at a time (``validate.ManifestFile``) and each batch's
+names compared at once with the names the format would give (``format.Formatted``), so the
+whole table never exists. Arrays only, so DataLoader workers forked from the process share
+them page for page (a Python object's reference count, written when it is read, would copy
+its page into every worker), and pickling them (spawn and forkserver workers) costs their own
+bytes, never the Arrow buffers they were read from, which pyarrow pickles whole with every
+slice (apache/arrow#26685). ``table`` gives the rows back as the manifest had them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -30,19 +32,20 @@ import pyarrow.compute as pc
 from lerobot_shards.format import (
     MANIFEST_SCHEMA,
     MEMBER_TYPE,
-    checksum_digests,
+    Formatted,
     checksum_texts,
+    digests_fingerprint,
     digit_counts,
     episode_key,
     equal_strings,
     formatted,
     join,
-    manifest_fingerprint,
     shard_path,
     shard_paths,
     string_array,
 )
 from lerobot_shards.reader.fetch.ranged import Span
+from lerobot_shards.validate import CheckedRows, ManifestFile, checked_manifest
 
 
 class Selection:
@@ -50,33 +53,55 @@ class Selection:
     and the fetcher use: ``episodes``, ``lengths`` (frames), ``sizes`` (shard bytes).
 
     Args:
-        table: The selected rows of a checked manifest (``validate.check_manifest``).
+        tables: The selected rows of a checked manifest (``validate.checked_manifest``), in
+            order, in as many parts as they come.
+        rows: How many rows ``tables`` hold at most.
         path: The dataset's root as its filesystem names it (shards are joined to it).
         video_keys: The dataset's cameras, in the order its shards hold them.
     """
 
-    def __init__(self, table: pa.Table, path: str, video_keys: Sequence[str]) -> None:
+    def __init__(
+        self, tables: Iterable[CheckedRows], rows: int, path: str, video_keys: Sequence[str]
+    ) -> None:
         self.path = path
-        self.episodes = _numbers(table, "episode_index")
-        self.lengths = _numbers(table, "length")
-        self.sizes = _numbers(table, "size")
-        self._offsets = _numbers(table, "offset")
-        self.starts = _numbers(table, "dataset_from_index")
+        numbers = {name: np.zeros(rows, np.int64) for name in _NUMBERS}
+        digests = np.zeros((rows, 32), np.uint8)
+        shards = _OtherShards()
+        tasks: list[tuple[np.ndarray, pa.Array]] = []
+        members = _MembersBuilder(video_keys)
+        row = 0
+        for checked in tables:
+            table = checked.table
+            end = row + table.num_rows
+            for name, column in numbers.items():
+                column[row:end] = table.column(name).to_numpy()
+            digests[row:end] = checked.digests
+            episodes = numbers["episode_index"][row:end]
+            shards.add(table.column("shard"), checked.other_shards, row)
+            for chunk in table.column("tasks").chunks:
+                tasks.append((np.diff(chunk.offsets.to_numpy()), chunk.flatten()))
+            members.add(table.column("members"), episodes, numbers["offset"][row:end])
+            row = end
+        self.episodes = numbers["episode_index"][:row]
+        self.lengths = numbers["length"][:row]
+        self.sizes = numbers["size"][:row]
+        self.starts = numbers["dataset_from_index"][:row]
         """Each row's ``dataset_from_index``: the global index of its first frame."""
-        self.fingerprint = manifest_fingerprint(table)
+        self._offsets = numbers["offset"][:row]
+        self._digests = digests[:row]
+        self._shards = shards
+        counts = np.concatenate([c for c, _ in tasks] or [np.zeros(0, np.int64)])
+        self._task_bounds = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        values = pa.concat_arrays([v for _, v in tasks] or [pa.array([], pa.string())])
+        self._tasks = values.dictionary_encode()
+        self._members = members.finish()
+        self.fingerprint = digests_fingerprint(self.episodes, self.lengths, self._digests)
         """``manifest_fingerprint`` of these rows: what a checkpoint is checked against."""
-        self._digests = checksum_digests(table.column("checksum"))[0]
-        shards = table.column("shard")
-        self._other_shard_rows = np.flatnonzero(~equal_strings(shards, *shard_paths(self.episodes)))
-        self._other_shards = (
-            shards.take(self._other_shard_rows).combine_chunks().dictionary_encode()
-        )
-        tasks = table.column("tasks").chunks
-        counts = [np.diff(chunk.offsets.to_numpy()) for chunk in tasks]
-        self._task_bounds = np.concatenate([[0], np.cumsum(np.concatenate(counts or [[]]))])
-        values = [chunk.flatten() for chunk in tasks]
-        self._tasks = pa.concat_arrays(values or [pa.array([], pa.string())]).dictionary_encode()
-        self._members = _Members(table.column("members"), self.episodes, self._offsets, video_keys)
+
+    @classmethod
+    def of(cls, table: pa.Table, path: str, video_keys: Sequence[str]) -> Selection:
+        """The rows of ``table`` (a manifest, or some of its rows: checked here)."""
+        return cls([checked_manifest(table, path)], table.num_rows, path, video_keys)
 
     def __len__(self) -> int:
         return len(self.episodes)
@@ -99,10 +124,7 @@ class Selection:
 
     def shard(self, row: int) -> str:
         """The shard path of row ``row``, relative to the root."""
-        other = int(np.searchsorted(self._other_shard_rows, row))
-        if other < len(self._other_shard_rows) and self._other_shard_rows[other] == row:
-            return self._other_shards[other].as_py()
-        return shard_path(int(self.episodes[row]))
+        return self._shards.of(row, int(self.episodes[row]))
 
     def checksum(self, row: int) -> str:
         """The manifest checksum of row ``row``."""
@@ -140,11 +162,6 @@ class Selection:
     def table(self) -> pa.Table:
         """The rows as the manifest has them (``MANIFEST_SCHEMA``; made on each call)."""
         episodes = self.episodes
-        shards = string_array(*shard_paths(episodes))
-        if len(self._other_shard_rows):
-            replaced = np.zeros(len(episodes), bool)
-            replaced[self._other_shard_rows] = True
-            shards = pc.replace_with_mask(shards, replaced, self._other_shards.cast(pa.string()))
         tasks = pa.ListArray.from_arrays(
             pa.array(self._task_bounds.astype(np.int32)),
             self._tasks.cast(pa.string()),
@@ -152,7 +169,7 @@ class Selection:
         )
         columns = [
             pa.array(episodes),
-            shards,
+            self._shards.column(episodes),
             pa.array(self._offsets),
             pa.array(self.sizes),
             pa.array(self.lengths),
@@ -165,74 +182,218 @@ class Selection:
         return pa.table(columns, schema=MANIFEST_SCHEMA)
 
 
-def select(table: pa.Table, episodes: Sequence[int] | None, root: str) -> pa.Table:
-    """The rows of ``episodes`` (all with None) of a checked manifest; an episode the manifest
+_NUMBERS = ["episode_index", "length", "size", "offset", "dataset_from_index"]
+
+
+@dataclass(frozen=True)
+class ManifestRows:
+    """The numbers of every row of a manifest, selected or not: what its totals and the
+    metadata are checked against (``check_totals``, ``read_meta``)."""
+
+    episodes: np.ndarray
+    lengths: np.ndarray
+    sizes: np.ndarray
+    starts: np.ndarray
+    shard: Callable[[int], str]
+    """Row ``row``'s shard path."""
+
+    def table(self) -> pa.Table:
+        """The numbers as a table (``episode_index``, ``length``, ``size``,
+        ``dataset_from_index``, ``dataset_to_index``), the arrays' own memory."""
+        return pa.table(
+            {
+                "episode_index": self.episodes,
+                "length": self.lengths,
+                "size": self.sizes,
+                "dataset_from_index": self.starts,
+                "dataset_to_index": self.starts + self.lengths,
+            }
+        )
+
+
+def read_selection(
+    data: bytes,
+    where: str,
+    path: str,
+    episodes: Sequence[int] | None,
+    root: str,
+    video_keys: Sequence[str],
+) -> tuple[Selection, ManifestRows]:
+    """The rows of ``episodes`` (all with None) of the manifest file ``data`` (read from
+    ``where``), checked as they are read, and the numbers of every row; an episode the manifest
     lacks raises ``ValueError`` naming it and ``root``."""
+    file = ManifestFile(data, where)
     if episodes is None:
-        return table
-    present = table.column("episode_index").to_numpy()
+        selection = Selection(file.batches(), file.num_rows, path, video_keys)
+        every = ManifestRows(
+            selection.episodes, selection.lengths, selection.sizes, selection.starts,
+            selection.shard,
+        )  # fmt: skip
+        return selection, every
     wanted = np.unique(np.asarray(list(episodes), dtype=np.int64))
     if not len(wanted):
         # An empty epoch would only show as a training loop that never steps.
         raise ValueError(f"episodes selects no episode of {root}: give None for all")
-    rows = np.minimum(np.searchsorted(present, wanted), max(len(present) - 1, 0))
-    missing = wanted[(len(present) == 0) | (present[rows] != wanted)]
-    if len(missing):
+    numbers = {name: np.zeros(file.num_rows, np.int64) for name in _NUMBERS[:3]}
+    numbers["dataset_from_index"] = np.zeros(file.num_rows, np.int64)
+    shards = _OtherShards()
+
+    def selected() -> Iterable[CheckedRows]:
+        row = 0
+        for checked in file.batches():
+            table = checked.table
+            end = row + table.num_rows
+            for name, column in numbers.items():
+                column[row:end] = table.column(name).to_numpy()
+            shards.add(table.column("shard"), checked.other_shards, row)
+            row = end
+            present = table.column("episode_index").to_numpy()
+            at = np.minimum(np.searchsorted(wanted, present), len(wanted) - 1)
+            keep = wanted[at] == present
+            if keep.any():
+                yield checked.filter(keep)
+
+    selection = Selection(selected(), len(wanted), path, video_keys)
+    present = numbers["episode_index"]
+    if len(selection) < len(wanted):
+        missing = np.setdiff1d(wanted, present)
         raise ValueError(f"episodes {missing.tolist()} are not in {root} ({len(present)} episodes)")
-    return table.take(rows)
+    every = ManifestRows(
+        present, numbers["length"], numbers["size"], numbers["dataset_from_index"],
+        lambda row: shards.of(row, int(present[row])),
+    )  # fmt: skip
+    return selection, every
 
 
+class _OtherShards:
+    """The shard paths that are not ``format.shard_path``'s, by row (usually none)."""
+
+    def __init__(self) -> None:
+        self._rows: list[np.ndarray] = []
+        self._paths: list[pa.Array] = []
+
+    def add(self, column: pa.ChunkedArray, other: np.ndarray, first_row: int) -> None:
+        """Rows ``first_row...`` of the shard column, ``other`` of them not shard_path's."""
+        if len(other):
+            self._rows.append(other + first_row)
+            self._paths.append(column.take(other).combine_chunks().dictionary_encode())
+
+    @property
+    def rows(self) -> np.ndarray:
+        if len(self._rows) > 1:  # one array of each, on first use after the last batch
+            self._rows = [np.concatenate(self._rows)]
+            paths = pa.chunked_array(self._paths).cast(pa.string()).combine_chunks()
+            self._paths = [paths.dictionary_encode()]
+        return self._rows[0] if self._rows else np.zeros(0, np.int64)
+
+    def of(self, row: int, episode: int) -> str:
+        rows = self.rows
+        at = int(np.searchsorted(rows, row))
+        if at < len(rows) and rows[at] == row:
+            return self._paths[0][at].as_py()
+        return shard_path(episode)
+
+    def column(self, episodes: np.ndarray) -> pa.Array:
+        """Every row's shard path."""
+        paths = shard_paths(episodes)
+        column = string_array(paths.lengths, paths.data())
+        rows = self.rows
+        if not len(rows):
+            return column
+        replaced = np.zeros(len(episodes), bool)
+        replaced[rows] = True
+        return pc.replace_with_mask(column, replaced, self._paths[0].cast(pa.string()))
+
+
+class _MembersBuilder:
+    """Rows' tar members, a batch at a time (:class:`_Members`)."""
+
+    def __init__(self, video_keys: Sequence[str]) -> None:
+        self.suffixes = [".json", ".parquet", *(f".{key}.mp4" for key in video_keys)]
+        self.counts: list[np.ndarray] = []
+        self.offsets: list[np.ndarray] = []
+        self.sizes: list[np.ndarray] = []
+        self.roles: list[np.ndarray | None] = []
+        self.names: dict[int, str] = {}
+        self.members = 0
+
+    def add(self, column: pa.ChunkedArray, episodes: np.ndarray, bases: np.ndarray) -> None:
+        """Rows of ``episodes`` (their spans at ``bases``): their members ``column``."""
+        row = 0
+        for chunk in column.chunks:
+            counts = np.diff(chunk.offsets.to_numpy()).astype(np.int64)
+            rows = slice(row, row + len(chunk))
+            names, offsets, sizes = chunk.flatten().flatten()
+            self.counts.append(counts)
+            self.offsets.append(offsets.to_numpy() - np.repeat(bases[rows], counts))
+            self.sizes.append(sizes.to_numpy())
+            self.roles.append(self._roles(names, episodes[rows], counts))
+            self.members += len(names)
+            row += len(chunk)
+
+    def _roles(
+        self, names: pa.Array, episodes: np.ndarray, counts: np.ndarray
+    ) -> np.ndarray | None:
+        """Which format's name each of ``names`` is (None: each its position in its row, as
+        the format writes them; -1: another name, kept in ``self.names``)."""
+        width = len(self.suffixes)
+        parts = [p for s in self.suffixes for p in (b"episode-", (episodes, 6), s.encode())]
+        regular = len(names) and (counts == width).all()
+        if regular:
+            key_lengths = 8 + digit_counts(episodes, 6)
+            suffix_lengths = np.array([len(s) for s in self.suffixes])
+            lengths = (key_lengths[:, None] + suffix_lengths).ravel()
+            same = equal_strings(names, Formatted(parts, len(episodes)), lengths)
+            if same.all():
+                return None
+        positions = np.arange(len(names)) - np.repeat(np.cumsum(counts) - counts, counts)
+        owners = np.repeat(episodes, counts)
+        roles = np.full(len(names), -1, np.int8)
+        for role, suffix in enumerate(self.suffixes):  # position by position
+            at = np.flatnonzero(positions == role)
+            if len(at):
+                parts = [b"episode-", (owners[at], 6), suffix.encode()]
+                roles[at[equal_strings(names.take(at), Formatted(parts, len(at)))]] = role
+        odd = np.flatnonzero(roles < 0)
+        self.names.update(
+            zip((odd + self.members).tolist(), names.take(odd).to_pylist(), strict=True)
+        )
+        return roles
+
+    def finish(self) -> _Members:
+        counts = np.concatenate(self.counts or [np.zeros(0, np.int64)])
+        bounds = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        roles = None
+        if any(r is not None for r in self.roles):
+            roles = np.concatenate(
+                [
+                    np.arange(len(o)) - np.repeat(np.cumsum(c) - c, c) if r is None else r
+                    for r, o, c in zip(self.roles, self.offsets, self.counts, strict=True)
+                ]
+            ).astype(np.int8)
+        return _Members(
+            self.suffixes,
+            bounds,
+            _narrow(self.offsets),
+            _narrow(self.sizes),
+            roles,
+            self.names,
+        )
+
+
+@dataclass(frozen=True)
 class _Members:
     """Every row's tar members: spans as numpy columns, row ``i``'s members at
     ``bounds[i]:bounds[i+1]``; names the format's (``roles``: which of ``suffixes``, after the
     episode's key, each is; None: each member's position in its row) or their text (``names``,
     by member: only where not the format's)."""
 
-    def __init__(
-        self,
-        column: pa.ChunkedArray,
-        episodes: np.ndarray,
-        bases: np.ndarray,
-        video_keys: Sequence[str],
-    ) -> None:
-        self.suffixes = [".json", ".parquet", *(f".{key}.mp4" for key in video_keys)]
-        flat = [chunk.flatten().flatten() for chunk in column.chunks]  # [names, offsets, sizes]
-        counts = np.concatenate(
-            [np.diff(c.offsets.to_numpy()) for c in column.chunks] or [np.zeros(0, np.int64)]
-        ).astype(np.int64)
-        self.bounds = np.concatenate([[0], np.cumsum(counts)])
-        names = pa.chunked_array([f[0] for f in flat], pa.string())
-        bases = np.repeat(bases, counts)
-        self.offsets = _narrow(_concatenated([f[1] for f in flat]) - bases)
-        self.sizes = _narrow(_concatenated([f[2] for f in flat]))
-        owners = np.repeat(episodes, counts)
-        positions = np.arange(len(owners)) - np.repeat(self.bounds[:-1], counts)
-        roles = np.full(len(owners), -1, np.int8)
-        width = len(self.suffixes)
-        if len(owners) and (counts == width).all():  # as many as the format's: all in one look
-            parts = [
-                part
-                for suffix in self.suffixes
-                for part in (b"episode-", (episodes, 6), suffix.encode())
-            ]
-            _, data = formatted(parts, len(episodes))
-            suffix_lengths = np.array([len(s) for s in self.suffixes])
-            lengths = np.repeat(8 + digit_counts(episodes, 6), width) + np.tile(
-                suffix_lengths, len(episodes)
-            )
-            same = equal_strings(names, lengths, data)
-            roles[same] = positions[same]
-        for role, suffix in enumerate(self.suffixes):  # the rest, position by position
-            at = np.flatnonzero((positions == role) & (roles < 0))
-            if len(at):
-                lengths, data = formatted([b"episode-", (owners[at], 6), suffix.encode()], len(at))
-                roles[at[equal_strings(names.take(at), lengths, data)]] = role
-        self.roles: np.ndarray | None = None
-        self.names: dict[int, str] = {}
-        if (roles != positions).any():
-            self.roles = roles
-            odd = np.flatnonzero(roles < 0)
-            self.names = dict(zip(odd.tolist(), names.take(odd).to_pylist(), strict=True))
+    suffixes: list[str]
+    bounds: np.ndarray
+    offsets: np.ndarray
+    sizes: np.ndarray
+    roles: np.ndarray | None
+    names: dict[int, str]
 
     def of(self, row: int, episode: int) -> dict[str, tuple[int, int]]:
         """Row ``row``'s members (of episode ``episode``): name to (offset in the span, size)."""
@@ -267,24 +428,13 @@ class _Members:
             [names, pa.array(offsets), pa.array(self.sizes.astype(np.int64))],
             fields=list(MEMBER_TYPE),
         )
-        return pa.ListArray.from_arrays(
-            pa.array(self.bounds.astype(np.int32)),
-            values,
-            type=MANIFEST_SCHEMA.field("members").type,
-        )
+        bounds = pa.array(self.bounds.astype(np.int32))
+        return pa.ListArray.from_arrays(bounds, values, type=MANIFEST_SCHEMA.field("members").type)
 
 
-def _numbers(table: pa.Table, name: str) -> np.ndarray:
-    """An integer column as numpy (a view of a column read whole, shared with ``meta``)."""
-    return np.asarray(table.column(name).to_numpy(), dtype=np.int64)
-
-
-def _concatenated(arrays: list[pa.Array]) -> np.ndarray:
-    return np.concatenate([a.to_numpy() for a in arrays] or [np.zeros(0, np.int64)])
-
-
-def _narrow(values: np.ndarray) -> np.ndarray:
-    """``values`` (non-negative) as uint32 where they fit: half the memory of member spans."""
-    if not len(values) or (values.min() >= 0 and values.max() < 2**32):
-        return values.astype(np.uint32)
-    return values.astype(np.int64)
+def _narrow(pieces: list[np.ndarray]) -> np.ndarray:
+    """``pieces`` (non-negative) end to end, as uint32 where they fit: half the memory of
+    member spans."""
+    fits = all(not len(p) or (p.min() >= 0 and p.max() < 2**32) for p in pieces)
+    dtype = np.uint32 if fits else np.int64
+    return np.concatenate([p.astype(dtype) for p in pieces] or [np.zeros(0, dtype)])
