@@ -266,7 +266,8 @@ class Planner:
     ) -> None:
         self._constant = Units.whole(episodes, lengths)
         self._epoch_units = epoch_units
-        self._units: dict[int, tuple[Units, np.ndarray, np.ndarray]] = {}
+        self._units: dict[int, Units] = {}
+        self._bounds: tuple = (None, None, None, None)
         self.total = self._make_units(0).total
         self.cost = cost
         self._fresh: dict[tuple, list[Part]] = {}
@@ -278,19 +279,23 @@ class Planner:
 
     def units(self, epoch: int) -> Units:
         """Epoch ``epoch``'s units."""
-        return self._table(epoch)[0]
-
-    def _table(self, epoch: int) -> tuple[Units, np.ndarray, np.ndarray]:
-        """The epoch's units with each one's first sample id and one past its last."""
         if epoch not in self._units:
             units = self._make_units(epoch)
             if units.total != self.total:
                 raise ValueError(f"epoch {epoch} has {units.total} samples, not {self.total}")
             if len(self._units) >= 8:  # an endless stream plans epoch after epoch: keep few
                 del self._units[next(iter(self._units))]
-            ends = np.cumsum(units.counts)
-            self._units[epoch] = (units, ends - units.counts, ends)
+            self._units[epoch] = units
         return self._units[epoch]
+
+    def _table(self, epoch: int) -> tuple[Units, np.ndarray, np.ndarray]:
+        """The epoch's units with each one's first sample id and one past its last (made when
+        a resume numbers samples, for the last epoch asked: 16 MB at a million episodes)."""
+        units = self.units(epoch)
+        if self._bounds[0] != epoch or self._bounds[1] is not units:
+            ends = np.cumsum(units.counts)
+            self._bounds = (epoch, units, ends - units.counts, ends)
+        return units, self._bounds[2], self._bounds[3]
 
     def _make_units(self, epoch: int) -> Units:
         return self._constant if self._epoch_units is None else self._epoch_units(epoch)
@@ -315,7 +320,7 @@ class Planner:
         shares = ordering.node_shares(nodes)
         key = (ordering.seed, ordering.shuffle, ordering.pad, num_parts, epoch, shares)
         if key not in self._fresh:
-            table = self._table(epoch)[0]
+            table = self.units(epoch)
             units = np.arange(len(table.episodes))
             if shares > 1:
                 if num_parts % shares:
@@ -349,8 +354,7 @@ class Planner:
                     epoch,
                     pieces.episodes,
                     table.episodes[pieces.episodes],
-                    table.starts[pieces.episodes] + pieces.starts,
-                    table.starts[pieces.episodes] + pieces.stops,
+                    *_offset_by(table.starts[pieces.episodes], pieces.starts, pieces.stops),
                     None,
                     (ordering.seed, epoch) if num_parts == 1 else (ordering.seed, epoch, p),
                     samples[p],
@@ -529,6 +533,16 @@ class Planner:
                 mask[drawn(part, c.ordering, k, self)] = True
         self._consumed[key] = mask
         return mask
+
+
+def _offset_by(
+    offsets: np.ndarray, starts: np.ndarray, stops: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """``starts`` and ``stops`` moved by ``offsets`` (as they are where all are 0: whole
+    episodes' units, no copy of a million entries)."""
+    if not offsets.any():
+        return starts, stops
+    return offsets + starts, offsets + stops
 
 
 def drawn(part: Part, ordering: Ordering, k: int, planner: Planner) -> np.ndarray:
