@@ -137,10 +137,10 @@ def measure_write(root: str) -> dict:
         held = rows.nbytes
         gc.collect()
         grown = rss() - before[0]
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         write_scaled(tpl, Path(dest), rows)
-        write_s = time.perf_counter() - started
-    return {"rows_held": held, "rows_rss": grown, "write_s": write_s}
+        write_s, write_cpu = time.perf_counter() - started, time.process_time() - cpu
+    return {"rows_held": held, "rows_rss": grown, "write_s": write_s, "write_cpu": write_cpu}
 
 
 def measure_construct(root: str) -> dict:
@@ -151,16 +151,17 @@ def measure_construct(root: str) -> dict:
     ShardedLeRobotDataset(str(Path(root).parent / TEMPLATE))  # what it imports on first use
     gc.collect()
     before = rss()
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     ds = ShardedLeRobotDataset(root)
-    first = time.perf_counter() - started
+    first, first_cpu = time.perf_counter() - started, time.process_time() - cpu
     gc.collect()
     kept = rss() - before
-    times = [first]
+    times, cpus = [first], [first_cpu]
     for _ in range(2):
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         ShardedLeRobotDataset(root)
         times.append(time.perf_counter() - started)
+        cpus.append(time.process_time() - cpu)
     started = time.perf_counter()
     pickled = pickle.dumps(ds)
     pickle_s = time.perf_counter() - started
@@ -170,6 +171,7 @@ def measure_construct(root: str) -> dict:
     manifest = (Path(root) / "manifest.parquet").stat().st_size
     return {
         "construct_s": statistics.median(times),
+        "construct_cpu": statistics.median(cpus),
         "kept": kept,
         "pickle": len(pickled),
         "manifest": manifest,
@@ -186,7 +188,7 @@ def measure_epoch_start(root: str, world: int, workers: int) -> dict:
     from lerobot_shards import ShardedLeRobotDataset
 
     module.tune_worker_malloc = lambda: None  # this process is no worker
-    times, peaks = [], []
+    times, cpus, peaks = [], [], []
     for run in range(4):
         ds = ShardedLeRobotDataset(root)
         ds.num_workers = workers
@@ -195,15 +197,20 @@ def measure_epoch_start(root: str, world: int, workers: int) -> dict:
         if run == 3:
             tracemalloc.start()
         gc.collect()
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         iter(ds)
-        elapsed = time.perf_counter() - started
+        elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
         if run == 3:
             peaks.append(tracemalloc.get_traced_memory()[1])
             tracemalloc.stop()
         else:
             times.append(elapsed)
-    return {"epoch_start_s": statistics.median(times), "epoch_start_peak": peaks[0]}
+            cpus.append(cpu)
+    return {
+        "epoch_start_s": statistics.median(times),
+        "epoch_start_cpu": statistics.median(cpus),
+        "epoch_start_peak": peaks[0],
+    }
 
 
 def measure_first_batch(root: str, cache: bool) -> dict:
@@ -244,11 +251,15 @@ def _children(pid: int) -> list[int]:
 
 
 def measure_command(argv: list[str]) -> dict:
+    """A command's wall time, CPU time and peak RSS (this process runs no other child)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     run = subprocess.run(argv, capture_output=True, text=True)
     wall = time.perf_counter() - started
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
-    return {"s": wall, "peak": peak, "rc": run.returncode, "err": run.stderr[-300:]}
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    peak = after.ru_maxrss * 1024
+    return {"s": wall, "cpu": cpu, "peak": peak, "rc": run.returncode, "err": run.stderr[-300:]}
 
 
 def measure_verify(root: str, code: str) -> dict:
@@ -256,12 +267,17 @@ def measure_verify(root: str, code: str) -> dict:
     help_text = subprocess.run([*cli, "verify", "--help"], capture_output=True, text=True).stdout
     sample = ["--sample", "0", "--no-progress"] if "--sample" in help_text else []
     verify = measure_command([*cli, "verify", root, *sample])
-    return {"verify_s": verify["s"], "verify_peak": verify["peak"], "verify_sampled": bool(sample)}
+    return {
+        "verify_s": verify["s"],
+        "verify_cpu": verify["cpu"],
+        "verify_peak": verify["peak"],
+        "verify_sampled": bool(sample),
+    }
 
 
 def measure_inspect(root: str) -> dict:
     run = measure_command([sys.executable, "-m", "lerobot_shards.cli", "inspect", root])
-    return {"inspect_s": run["s"], "inspect_rc": run["rc"]}
+    return {"inspect_s": run["s"], "inspect_cpu": run["cpu"], "inspect_rc": run["rc"]}
 
 
 MEASURES = {
@@ -319,10 +335,13 @@ def table(results: dict[int, dict]) -> str:
     ]
     for name, key, fmt in [
         ("construction: time", "construct_s", s),
+        ("construction: CPU time", "construct_cpu", s),
         ("construction: memory kept per process", "kept", mb),
         ("epoch start, worker of 1 rank x 2 workers: time", "start-1x2_s", s),
+        ("epoch start, worker of 1 rank x 2 workers: CPU time", "start-1x2_cpu", s),
         ("epoch start, worker of 1 rank x 2 workers: peak allocated", "start-1x2_peak", mb),
         ("epoch start, worker of rank 0 of 8 x 4 workers: time", "start-8x4_s", s),
+        ("epoch start, worker of rank 0 of 8 x 4 workers: CPU time", "start-8x4_cpu", s),
         ("epoch start, worker of rank 0 of 8 x 4 workers: peak allocated", "start-8x4_peak", mb),
         ("first batch (batch 32, 2 workers)", "first_batch_s", s),
         ("first batch: worker peak RSS", "worker_peak_rss", mb),
@@ -333,11 +352,14 @@ def table(results: dict[int, dict]) -> str:
         ("unpickle", "unpickle_s", s),
         ("manifest file", "manifest", mb),
         ("verify (the manifest side)", "verify_s", s),
+        ("verify: CPU time", "verify_cpu", s),
         ("verify: peak RSS", "verify_peak", mb),
         ("inspect", "inspect_s", s),
+        ("inspect: CPU time", "inspect_cpu", s),
         ("converter: rows held before the manifest is written", "rows_held", mb),
         ("converter: RSS grown while collecting them", "rows_rss", mb),
         ("converter: manifest and index.json written", "write_s", s),
+        ("converter: ... CPU time", "write_cpu", s),
     ]:
         text, ratios = fig(key, fmt)
         if text:
@@ -351,6 +373,7 @@ def main() -> None:
     parser.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "bench-scale")
     parser.add_argument("--cache-first-batch-up-to", type=int, default=10**9)
     parser.add_argument("--code", default=str(HERE.parent / "src"))
+    parser.add_argument("--measures", default=",".join(MEASURES), help="which, comma-separated")
     parser.add_argument("--child", nargs=2, metavar=("MEASURE", "ROOT"))
     args = parser.parse_args()
     if args.child:
@@ -372,7 +395,7 @@ def main() -> None:
             print(f"making {n:,} episodes ...", flush=True)
             make(source, root, n)
         figures: dict = {}
-        for measure in MEASURES:
+        for measure in args.measures.split(","):
             if measure == "batch-cache" and n > args.cache_first_batch_up_to:
                 continue
             if measure == "write" and args.code != str(HERE.parent / "src"):
@@ -382,12 +405,14 @@ def main() -> None:
             if measure.startswith("start-"):
                 got = {
                     f"{measure}_s": got["epoch_start_s"],
+                    f"{measure}_cpu": got["epoch_start_cpu"],
                     f"{measure}_peak": got["epoch_start_peak"],
                 }
             if measure == "batch-cache":
                 got = {"cached_first_batch_s": got["first_batch_s"]}
             figures.update(got)
-        figures["pickle_ratio"] = figures["pickle"] / figures["manifest"]
+        if "pickle" in figures:
+            figures["pickle_ratio"] = figures["pickle"] / figures["manifest"]
         results[n] = figures
         print(json.dumps({n: figures}), flush=True)
     print(f"load average after: {', '.join(f'{x:.2f}' for x in os.getloadavg())}")

@@ -174,12 +174,6 @@ def string_array(lengths: np.ndarray, data: np.ndarray) -> pa.Array:
     return large.cast(pa.string())
 
 
-def episode_keys(episodes: np.ndarray) -> pa.Array:
-    """:func:`episode_key` of each of ``episodes`` (non-negative)."""
-    episodes = np.asarray(episodes, dtype=np.int64)
-    return string_array(*formatted([b"episode-", (episodes, 6)], len(episodes)))
-
-
 def shard_paths(episodes: np.ndarray) -> Formatted:
     """:func:`shard_path` of each of ``episodes`` (non-negative)."""
     episodes = np.asarray(episodes, dtype=np.int64)
