@@ -403,6 +403,8 @@ class ManifestRow:
 
 MANIFEST_CHUNK = 8192
 """Rows a :class:`ManifestColumns` collects as objects before it packs them into columns."""
+MANIFEST_ROW_GROUP = 65536
+"""Rows of each row group the converter writes (and of each batch it makes them from)."""
 
 
 class ManifestColumns:
@@ -473,43 +475,64 @@ class ManifestColumns:
 
     def table(self) -> pa.Table:
         """Every row held, sorted by episode, as the manifest's table (``MANIFEST_SCHEMA``)."""
+        return pa.Table.from_batches(list(self.batches()), schema=MANIFEST_SCHEMA)
+
+    def parquet(self) -> bytes:
+        """The manifest file of every row held, as the converter writes it: written a batch
+        (a row group) at a time, never a table of a million rows at once."""
+        sink = pa.BufferOutputStream()
+        with pq.ParquetWriter(sink, MANIFEST_SCHEMA, use_dictionary=MANIFEST_DICTIONARY) as f:
+            for batch in self.batches():
+                f.write_batch(batch)
+        return sink.getvalue().to_pybytes()
+
+    def batches(self, size: int = MANIFEST_ROW_GROUP) -> Iterator[pa.RecordBatch]:
+        """Every row held, sorted by episode (the last of an episode's winning), as manifest
+        record batches of ``size`` rows, each gathered from the held pieces (rows collected in
+        order are slices of them: nothing held is copied whole)."""
         self._pack()
-        if not self._chunks:
-            return MANIFEST_SCHEMA.empty_table()
-        held = {
-            name: pa.chunked_array([c[name] for c in self._chunks]).combine_chunks()
-            if name in ("shard", "checksum")
-            else np.concatenate([c[name] for c in self._chunks])
-            for name in self._chunks[0]
-        }
-        episodes = held["episode_index"]
+        chunks = self._chunks
+        held = {name: _Pieces([c[name] for c in chunks]) for name in (chunks[0] if chunks else ())}
+        episodes = np.concatenate([c["episode_index"] for c in chunks] or [np.zeros(0, np.int64)])
         order = None
         if len(episodes) > 1 and (np.diff(episodes) <= 0).any():  # not in order: sort
             order = np.argsort(episodes, kind="stable")
             last = np.append(episodes[order][1:] != episodes[order][:-1], True)  # of each
             order = order[last]
-        columns: dict[str, Any] = {}
-        for name in [n for n in MANIFEST_SCHEMA.names if n not in ("tasks", "members")]:
-            values = held[name] if order is None else held[name].take(order)
-            columns[name] = pa.array(values) if isinstance(values, np.ndarray) else values
-        episodes = columns["episode_index"].to_numpy()
-        task_counts, task_codes = _rows_of(held["task_counts"], held["tasks"], order)
+        total = len(episodes) if order is None else len(order)
+        ends = {  # where each row's list values end, end to end
+            kind: np.cumsum(held[counts].take(np.arange(len(episodes)))) if chunks else None
+            for kind, counts in (("tasks", "task_counts"), ("members", "member_counts"))
+        }
         texts = pa.array(list(self._tasks), pa.string())
-        columns["tasks"] = pa.ListArray.from_arrays(
-            _list_offsets(task_counts),
-            texts.take(task_codes),
-            type=MANIFEST_SCHEMA.field("tasks").type,
-        )
-        counts, at = _rows_of(held["member_counts"], np.arange(len(held["names"])), order)
-        names = self._names(episodes, counts, held["names"][at])
-        values = pa.StructArray.from_arrays(
-            [names, pa.array(held["member_offsets"][at]), pa.array(held["member_sizes"][at])],
-            fields=list(MEMBER_TYPE),
-        )
-        columns["members"] = pa.ListArray.from_arrays(
-            _list_offsets(counts), values, type=MANIFEST_SCHEMA.field("members").type
-        )
-        return pa.table([columns[name] for name in MANIFEST_SCHEMA.names], schema=MANIFEST_SCHEMA)
+        for first in range(0, total, size):
+            rows = np.arange(first, min(total, first + size))
+            if order is not None:
+                rows = order[rows]
+            columns: dict[str, Any] = {}
+            for name in MANIFEST_SCHEMA.names:
+                if name not in ("tasks", "members"):
+                    values = held[name].take(rows)
+                    columns[name] = values if isinstance(values, pa.Array) else pa.array(values)
+            task_counts, task_at = _list_rows(held["task_counts"], ends["tasks"], rows)
+            columns["tasks"] = pa.ListArray.from_arrays(
+                _list_offsets(task_counts),
+                texts.take(held["tasks"].take(task_at)),
+                type=MANIFEST_SCHEMA.field("tasks").type,
+            )
+            counts, at = _list_rows(held["member_counts"], ends["members"], rows)
+            names = self._names(held["episode_index"].take(rows), counts, held["names"].take(at))
+            sizes = pa.array(held["member_sizes"].take(at))
+            values = pa.StructArray.from_arrays(
+                [names, pa.array(held["member_offsets"].take(at)), sizes],
+                fields=list(MEMBER_TYPE),
+            )
+            columns["members"] = pa.ListArray.from_arrays(
+                _list_offsets(counts), values, type=MANIFEST_SCHEMA.field("members").type
+            )
+            yield pa.record_batch(
+                [columns[name] for name in MANIFEST_SCHEMA.names], schema=MANIFEST_SCHEMA
+            )
 
     def _names(self, episodes: np.ndarray, counts: np.ndarray, codes: np.ndarray) -> pa.Array:
         """The member names of rows of ``episodes`` with ``counts`` members, of ``codes``."""
@@ -552,17 +575,46 @@ def _list_offsets(counts: np.ndarray) -> pa.Array:
     return pa.array(np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(np.int32))
 
 
-def _rows_of(
-    counts: np.ndarray, values: np.ndarray, order: np.ndarray | None
+def _list_rows(
+    counts: _Pieces, ends: np.ndarray, rows: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Rows of list values (``counts[i]`` values each, end to end) taken in ``order``: their
-    counts and values (None: as they are)."""
-    if order is None:
-        return counts, values
-    taken = counts[order].astype(np.int64)
-    starts = (np.cumsum(counts, dtype=np.int64) - counts)[order]
-    at = np.repeat(starts - (np.cumsum(taken) - taken), taken) + np.arange(int(taken.sum()))
-    return taken, values[at]
+    """Rows ``rows`` of list values held end to end (row ``i`` has ``counts[i]`` of them,
+    ending at ``ends[i]``): their counts and where their values are."""
+    taken = counts.take(rows).astype(np.int64)
+    begins = ends[rows] - taken
+    at = np.repeat(begins - (np.cumsum(taken) - taken), taken) + np.arange(int(taken.sum()))
+    return taken, at
+
+
+class _Pieces:
+    """A column held as pieces end to end (a numpy array or an Arrow array each), read at
+    positions without joining the pieces: a run of positions is slices of a few of them."""
+
+    def __init__(self, pieces: list[Any]) -> None:
+        self.pieces = pieces
+        self.starts = np.concatenate([[0], np.cumsum([len(p) for p in pieces])]).astype(np.int64)
+
+    def take(self, at: np.ndarray) -> Any:
+        arrow = bool(self.pieces) and isinstance(self.pieces[0], pa.Array)
+        if len(at) and at[-1] - at[0] + 1 == len(at) and (np.diff(at) == 1).all():  # a run
+            lo, hi = int(at[0]), int(at[-1]) + 1
+            first = int(np.searchsorted(self.starts, lo, side="right")) - 1
+            last = int(np.searchsorted(self.starts, hi, side="left"))
+            parts = [
+                self.pieces[k][max(lo, self.starts[k]) - self.starts[k] : hi - self.starts[k]]
+                for k in range(first, last)
+            ]
+            if arrow:
+                return pa.concat_arrays(parts)
+            return np.concatenate(parts)
+        which = np.searchsorted(self.starts, at, side="right") - 1
+        if arrow:
+            return pa.chunked_array(self.pieces).take(at).combine_chunks()
+        out = np.empty(len(at), self.pieces[0].dtype if self.pieces else np.int64)
+        for k in np.unique(which).tolist():
+            mine = which == k
+            out[mine] = self.pieces[k][at[mine] - self.starts[k]]
+        return out
 
 
 def manifest_table(rows: Iterable[ManifestRow]) -> pa.Table:

@@ -63,7 +63,6 @@ from lerobot_shards.format import (
     ManifestRow,
     checksum,
     join,
-    manifest_bytes,
 )
 from lerobot_shards.source import Source, open_source
 from lerobot_shards.source.location import resolve_source
@@ -442,7 +441,7 @@ def _write_dataset_files(
         _put(fs, join(root, TASKS_FILE), _read(src, TASKS_FILE))
     else:
         _put(fs, join(root, TASKS_FILE), tasks_parquet(src.tasks))
-    manifest = manifest_bytes(rows.table())
+    manifest = rows.parquet()
     _put(fs, join(root, MANIFEST_FILE), manifest)
     index = DatasetIndex(
         codebase_version=src.codebase_version,

@@ -8,7 +8,7 @@ shard, tarred by the converter's own ``write_tar``, so reading one is reading a 
 Every other episode gets the row its shard would have (the template's members, each video a
 few percent longer or shorter so that sizes differ as a recording's do, and a checksum of its
 own) and no file. The manifest is written by the converter's own writer
-(``format.ManifestColumns``, ``format.manifest_bytes``), then ``index.json``.
+(``format.ManifestColumns``), then ``index.json``.
 """
 
 from __future__ import annotations
@@ -41,7 +41,6 @@ from lerobot_shards.format import (
     Member,
     checksum,
     episode_key,
-    manifest_bytes,
     manifest_rows,
     shard_path,
 )
@@ -121,7 +120,7 @@ def write_scaled(template: Template, dest: Path, rows: ManifestColumns) -> None:
     if "splits" in info:
         info["splits"] = {"train": f"0:{len(rows)}"}
     (dest / INFO_FILE).write_text(json.dumps(info, indent=4))
-    manifest = manifest_bytes(rows.table())
+    manifest = rows.parquet()
     (dest / MANIFEST_FILE).write_bytes(manifest)
     index = replace(
         template.index,
