@@ -251,7 +251,7 @@ def verify(
         raise click.UsageError("--ray-address needs --executor ray")
     if executor == "ray" and workers is not None:
         raise click.UsageError("--workers is for local processes; Ray uses the cluster's CPUs")
-    if executor == "local" and workers not in (0, 1):
+    if executor == "local" and workers not in (0, 1) and sample != 0:
         from lerobot_shards.converter.forkserver import start_early
 
         start_early()  # the workers' imports overlap the manifest's checks

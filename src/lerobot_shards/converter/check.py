@@ -10,6 +10,7 @@ import functools
 import io
 import json
 import tarfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +36,7 @@ from lerobot_shards.format import (
     video_member,
 )
 from lerobot_shards.validate import (
+    ManifestFile,
     check_camera,
     check_header_cameras,
     check_header_matches,
@@ -45,9 +47,7 @@ from lerobot_shards.validate import (
     decode_image,
     frame_size,
     parse_header,
-    parse_manifest,
     read_index,
-    read_manifest,
 )
 
 PERCENTILES = (0, 50, 90, 99, 100)
@@ -79,12 +79,18 @@ def inspect_dataset(root: str, storage_options: dict | None = None) -> dict[str,
     """A summary of a converted dataset: counts, cameras and codecs, bytes, size percentiles."""
     fs, path = _open(root, storage_options)
     index = read_index(fs, path)
-    table = read_manifest(fs, join(path, MANIFEST_FILE))
-    sizes = table.column("size").to_numpy()
-    lengths = table.column("length").to_numpy()
+    where = join(path, MANIFEST_FILE)
+    sizes, lengths, first = [], [], None
+    for checked in ManifestFile(read_whole(fs, where), where).batches():  # a batch at a time
+        table = checked.table
+        sizes.append(table.column("size").to_numpy())
+        lengths.append(table.column("length").to_numpy())
+        if first is None and table.num_rows:
+            first = manifest_rows(table.slice(0, 1))[0]
+    sizes = np.concatenate(sizes or [np.zeros(0, np.int64)])
+    lengths = np.concatenate(lengths or [np.zeros(0, np.int64)])
     cameras: dict[str, dict[str, Any]] = {}
-    if table.num_rows:
-        first = manifest_rows(table.slice(0, 1))[0]
+    if first is not None:
         header = _read_header(fs, path, first)
         cameras = {
             key: {"codec": c.codec, "width": c.width, "height": c.height, "pix_fmt": c.pix_fmt}
@@ -100,7 +106,7 @@ def inspect_dataset(root: str, storage_options: dict | None = None) -> dict[str,
         "format_version": index.format_version,
         "codebase_version": index.codebase_version,
         "fps": index.fps,
-        "episodes": int(table.num_rows),
+        "episodes": len(sizes),
         "frames": int(lengths.sum()),
         "total_bytes": int(sizes.sum()),
         "cameras": cameras,
@@ -186,38 +192,40 @@ def verify_dataset(
         ray_address: See ``executor``.
         progress: Show a progress bar of the episodes checked.
     """
-    from lerobot_shards.reader.meta.metadata import read_meta  # no torch: verify runs without it
+    # no torch: verify runs without it
+    from lerobot_shards.reader.meta.metadata import read_meta
+    from lerobot_shards.reader.meta.selection import ManifestRows
 
     fs, path = _open(root, storage_options)
+    where = join(path, MANIFEST_FILE)
     try:
         index = read_index(fs, path)
-        data = read_whole(fs, join(path, MANIFEST_FILE))
-        table = parse_manifest(data, join(path, MANIFEST_FILE))
+        data = read_whole(fs, where)
+        every = ManifestRows.read(ManifestFile(data, where))  # checked, a batch at a time
+        numbers = every.table()
         # The reader's own checks of meta/info.json and the tasks: the two agree.
-        meta = read_meta(fs, path, index, table, root)
+        meta = read_meta(fs, path, index, numbers, root, every.shard)
     except (FormatError, FileNotFoundError) as exc:
         return [Problem(None, None, str(exc))]
     problems = []
     if checksum(data) != index.manifest_checksum:
         problems.append(Problem(None, MANIFEST_FILE, "checksum differs from index.json"))
-    del data
     try:
-        check_totals(index, table, root)
+        check_totals(index, numbers, root)
     except FormatError as exc:
         problems.append(Problem(None, None, str(exc)))
-    rows = np.arange(table.num_rows)
+    rows = np.arange(len(every.episodes))
     if sample is not None and sample < len(rows):
         rows = np.sort(np.random.default_rng().choice(len(rows), sample, replace=False))
     checks = EpisodeChecks(
         str(root), storage_options, list(index.video_keys), deep, meta.features,
         meta.task_names, meta.fps, list(meta.image_keys),
     )  # fmt: skip
-    tasks = (rows[i : i + VERIFY_TASK] for i in range(0, len(rows), VERIFY_TASK))
     found: list[tuple[int, list[Problem]]] = []
     with tqdm(total=len(rows), unit="ep", desc="verify", disable=not progress) as bar:
         for task, episode_problems in run_tasks(
             functools.partial(check_episodes, checks),
-            (manifest_rows(table.take(task)) for task in tasks),
+            _row_tasks(ManifestFile(data, where), rows) if len(rows) else (),
             workers=workers,
             executor=executor,
             ray_address=ray_address,
@@ -227,6 +235,23 @@ def verify_dataset(
     for _, episode_problems in sorted(found, key=lambda f: f[0]):
         problems += episode_problems
     return problems
+
+
+def _row_tasks(file: ManifestFile, rows: np.ndarray) -> Iterator[list[ManifestRow]]:
+    """The manifest rows ``rows`` (sorted), ``VERIFY_TASK`` at a time: the file read again a
+    batch at a time, so only a batch's table and a task's rows are ever held."""
+    first, pending = 0, []
+    for checked in file.batches():
+        table = checked.table
+        lo, hi = np.searchsorted(rows, [first, first + table.num_rows])
+        for row in manifest_rows(table.take(rows[lo:hi] - first)):
+            pending.append(row)
+            if len(pending) == VERIFY_TASK:
+                yield pending
+                pending = []
+        first += table.num_rows
+    if pending:
+        yield pending
 
 
 _FILESYSTEMS: dict[tuple[str, str], tuple[fsspec.AbstractFileSystem, str]] = {}

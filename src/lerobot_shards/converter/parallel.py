@@ -11,6 +11,7 @@ stops the run, with its exception.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from typing import Any, TypeVar
@@ -59,6 +60,10 @@ def _in_processes(
     function: Callable[[Task], Any], tasks: Iterable[Task], workers: int, bound: int
 ) -> Iterator[tuple[Task, Any]]:
     queue = iter(tasks)
+    first = next(queue, None)
+    if first is None:  # nothing to do: no pool started
+        return
+    queue = itertools.chain([first], queue)
     with ProcessPoolExecutor(workers, mp_context=worker_context()) as pool:
         pending: dict[Future, Task] = {}
         try:

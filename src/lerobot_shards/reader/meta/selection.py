@@ -197,6 +197,14 @@ class ManifestRows:
     shard: Callable[[int], str]
     """Row ``row``'s shard path."""
 
+    @classmethod
+    def read(cls, file: ManifestFile) -> ManifestRows:
+        """The numbers of every row of ``file``, its rows checked as they are read."""
+        every = _EveryRow(file.num_rows)
+        for checked in file.batches():
+            every.add(checked)
+        return every.rows()
+
     def table(self) -> pa.Table:
         """The numbers as a table (``episode_index``, ``length``, ``size``,
         ``dataset_from_index``, ``dataset_to_index``), the arrays' own memory."""
@@ -234,35 +242,50 @@ def read_selection(
     if not len(wanted):
         # An empty epoch would only show as a training loop that never steps.
         raise ValueError(f"episodes selects no episode of {root}: give None for all")
-    numbers = {name: np.zeros(file.num_rows, np.int64) for name in _NUMBERS[:3]}
-    numbers["dataset_from_index"] = np.zeros(file.num_rows, np.int64)
-    shards = _OtherShards()
+    every = _EveryRow(file.num_rows)
 
     def selected() -> Iterable[CheckedRows]:
-        row = 0
         for checked in file.batches():
-            table = checked.table
-            end = row + table.num_rows
-            for name, column in numbers.items():
-                column[row:end] = table.column(name).to_numpy()
-            shards.add(table.column("shard"), checked.other_shards, row)
-            row = end
-            present = table.column("episode_index").to_numpy()
+            every.add(checked)
+            present = checked.table.column("episode_index").to_numpy()
             at = np.minimum(np.searchsorted(wanted, present), len(wanted) - 1)
             keep = wanted[at] == present
             if keep.any():
                 yield checked.filter(keep)
 
     selection = Selection(selected(), len(wanted), path, video_keys)
-    present = numbers["episode_index"]
+    rows = every.rows()
     if len(selection) < len(wanted):
-        missing = np.setdiff1d(wanted, present)
-        raise ValueError(f"episodes {missing.tolist()} are not in {root} ({len(present)} episodes)")
-    every = ManifestRows(
-        present, numbers["length"], numbers["size"], numbers["dataset_from_index"],
-        lambda row: shards.of(row, int(present[row])),
-    )  # fmt: skip
-    return selection, every
+        missing = np.setdiff1d(wanted, rows.episodes)
+        raise ValueError(
+            f"episodes {missing.tolist()} are not in {root} ({len(rows.episodes)} episodes)"
+        )
+    return selection, rows
+
+
+class _EveryRow:
+    """The numbers and odd shards of every row of a manifest, a batch at a time."""
+
+    def __init__(self, rows: int) -> None:
+        self.numbers = {name: np.zeros(rows, np.int64) for name in _NUMBERS if name != "offset"}
+        self.shards = _OtherShards()
+        self.row = 0
+
+    def add(self, checked: CheckedRows) -> None:
+        table, end = checked.table, self.row + checked.table.num_rows
+        for name, column in self.numbers.items():
+            column[self.row : end] = table.column(name).to_numpy()
+        self.shards.add(table.column("shard"), checked.other_shards, self.row)
+        self.row = end
+
+    def rows(self) -> ManifestRows:
+        n = self.numbers
+        episodes = n["episode_index"][: self.row]
+        shards = self.shards
+        return ManifestRows(
+            episodes, n["length"][: self.row], n["size"][: self.row],
+            n["dataset_from_index"][: self.row], lambda row: shards.of(row, int(episodes[row])),
+        )  # fmt: skip
 
 
 class _OtherShards:
