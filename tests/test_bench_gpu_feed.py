@@ -29,6 +29,11 @@ def test_the_benchmark_prints_every_figure_on_the_cpu(tmp_path):
     alone = rows["reader alone (default decode threads), samples/s by workers 1 / 2"]
     assert all(float(r.replace(",", "")) > 0 for r in re.findall(r"[\d,.]+(?= /| \()", alone))
     assert float(rows["a training step alone (small on cpu, one batch kept there)"].split()[0]) > 0
-    fed = rows["the step fed by the reader (2 workers, to_device)"]
+    # The fed step runs at the fastest worker count, which timing picks: either is a right row.
+    (fed,) = [
+        v
+        for k, v in rows.items()
+        if re.fullmatch(r"the step fed by the reader \([12] workers, to_device\)", k)
+    ]
     assert re.match(r"[\d,.]+ samples/s \([\d.]+ of the step alone", fed)
     assert "machine:" in result.stdout and report.read_text().startswith("<!doctype html>")
