@@ -362,8 +362,8 @@ class _MembersBuilder:
             rows = slice(row, row + len(chunk))
             names, offsets, sizes = chunk.flatten().flatten()
             self.counts.append(counts)
-            self.offsets.append(offsets.to_numpy() - np.repeat(bases[rows], counts))
-            self.sizes.append(sizes.to_numpy())
+            self.offsets.append(_small(offsets.to_numpy() - np.repeat(bases[rows], counts)))
+            self.sizes.append(_small(sizes.to_numpy()))
             self.roles.append(self._roles(names, episodes[rows], counts))
             self.members += len(names)
             row += len(chunk)
@@ -469,9 +469,14 @@ class _Members:
         return pa.ListArray.from_arrays(bounds, values, type=MANIFEST_SCHEMA.field("members").type)
 
 
+def _small(values: np.ndarray) -> np.ndarray:
+    """``values`` as uint32 where they fit (member spans: half the memory), else as they are."""
+    if not len(values) or (values.min() >= 0 and values.max() < 2**32):
+        return values.astype(np.uint32)
+    return values
+
+
 def _narrow(pieces: list[np.ndarray]) -> np.ndarray:
-    """``pieces`` (non-negative) end to end, as uint32 where they fit: half the memory of
-    member spans."""
-    fits = all(not len(p) or (p.min() >= 0 and p.max() < 2**32) for p in pieces)
-    dtype = np.uint32 if fits else np.int64
-    return np.concatenate([p.astype(dtype) for p in pieces] or [np.zeros(0, dtype)])
+    """``pieces`` (each :func:`_small`) end to end, uint32 where all are."""
+    dtype = np.uint32 if all(p.dtype == np.uint32 for p in pieces) else np.int64
+    return np.concatenate([p.astype(dtype, copy=False) for p in pieces] or [np.zeros(0, dtype)])
