@@ -220,7 +220,9 @@ def measure_first_batch(root: str, cache: bool) -> dict:
     from lerobot_shards import ShardedDataLoader, ShardedLeRobotDataset
     from lerobot_shards.memory import tree_usage
 
-    with tempfile.TemporaryDirectory(prefix="bench-scale-cache-") as cache_dir:
+    with tempfile.TemporaryDirectory(
+        prefix="bench-scale-cache-", ignore_cleanup_errors=True
+    ) as cache_dir:
         options = {"cache": True, "cache_dir": cache_dir} if cache else {"cache": False}
         ds = ShardedLeRobotDataset(root, **options)
         loader = ShardedDataLoader(ds, batch_size=BATCH, num_workers=WORKERS)
