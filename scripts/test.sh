@@ -6,7 +6,10 @@
 # LeRobot tests (meta, training, the example under torchrun, lerobot-shards train with LeRobot's
 # own trainer under torchrun and accelerate launch and its datasets from LeRobot's own config,
 # accelerate's re-sharding refused, the factory's aggregated layout against LeRobot's own
-# aggregate_datasets, episodes cut mid-GOP against LeRobot's own items).
+# aggregate_datasets, episodes cut mid-GOP against LeRobot's own items, language columns recorded
+# and annotated with LeRobot's own tools against its items, batches and trainer, the datasets every
+# tool of LeRobot's makes (lerobot-edit-dataset's operations, aggregate_datasets, add_features, the
+# quantile stats, the v2.1 to v3.0 script) read as LeRobot reads them).
 # LEROBOT_ENV=0 skips the second run. Each run names the optional components it requires
 # (LEROBOT_SHARDS_REQUIRE, tests/support/required.py): their tests fail, never skip, if one is
 # missing; every skip is listed, with its reason, at the end of each run (-ra in pyproject.toml).
@@ -38,5 +41,6 @@ if [ "${LEROBOT_ENV:-1}" != 0 ]; then
     tests/test_lerobot_training.py tests/test_stats.py tests/test_mixture_reader.py \
     tests/test_lerobot_aggregate.py tests/test_long_gop.py tests/test_lerobot_train.py \
     tests/test_accelerate_guard.py tests/test_train_arguments.py tests/test_http.py \
-    tests/test_source_location.py tests/test_lerobot_train_cache.py tests/test_lerobot_train_datasets.py
+    tests/test_source_location.py tests/test_lerobot_train_cache.py tests/test_lerobot_train_datasets.py \
+    tests/test_lerobot_language.py tests/test_lerobot_tools.py
 fi

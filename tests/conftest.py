@@ -40,8 +40,12 @@ GOLDEN_V21_DIR = Path(__file__).parent / "data" / "lerobot-0.3.3-v2.1"
 GOLDEN: dict[str, Path] = {
     "av1_multifile": GOLDEN_DIR,
     "image": GOLDEN_DIR,
+    "language": GOLDEN_DIR,
+    "language_none": GOLDEN_DIR,
     "v21_video": GOLDEN_V21_DIR,
     "v21_image": GOLDEN_V21_DIR,
+    "aggregated": GOLDEN_DIR,
+    "aggregated_image": GOLDEN_DIR,
 }
 """Each golden dataset's folder, which holds it and the items LeRobot returned for it."""
 

@@ -145,10 +145,10 @@ if point == "mid-shard":  # the episode's temporary tar holds its first member, 
 elif point == "before-record":  # the episode's shard is in place, its record not yet saved
     save = job._Records.save
 
-    def save_after_stop(self, row):
-        if row.episode_index == episode:
+    def save_after_stop(self, converted):
+        if converted.row.episode_index == episode:
             stop_here()
-        save(self, row)
+        save(self, converted)
 
     job._Records.save = save_after_stop
 elif point == "before-index":  # every shard and the manifest done, index.json not yet

@@ -51,6 +51,22 @@ def test_ddp_epoch_ends_on_every_rank(av1: Path, tmp_path: Path) -> None:
     assert result["same_weights"], "DDP ranks ended with different weights"
 
 
+def test_ddp_epoch_of_mixed_batches_ends_on_every_rank(av1: Path, tmp_path: Path) -> None:
+    """A ShardedDataLoader of 3 workers per rank, whose batches take every worker's samples in
+    turn: 13 samples per part (74 frames over 6 parts, padded), 39 per rank, 10 batches of up
+    to 4 on every rank (3 workers each making its own batches would take 3 x 4 = 12)."""
+    out = tmp_path / "ddp.json"
+    torchrun("ddp_train.py", str(av1), str(out), "3", "sharded")
+    result = json.loads(out.read_text())
+    steps = {r["steps"] for r in result["ranks"]}
+    assert steps == {10}, steps
+    indices = [r["indices"] for r in result["ranks"]]
+    assert [len(i) for i in indices] == [39, 39]
+    assert not set(indices[0]) & set(indices[1])
+    assert set(indices[0]) | set(indices[1]) == set(range(FRAMES))
+    assert result["same_weights"], "DDP ranks ended with different weights"
+
+
 def test_weighted_mixture_over_ranks_and_workers_counts_every_frame_exactly(
     av1: Path, shards, tmp_path: Path
 ) -> None:

@@ -1,8 +1,11 @@
 """The items LeRobot itself returned, recorded: LeRobotSource and the converted shards read by
 ShardedLeRobotDataset both equal them, key for key, value for value (torch.equal), task for task.
 
-Golden data: v3.0 written and read by LeRobot 0.6.1 (tests/data/lerobot-0.6.1) and v2.1 written
-and read by LeRobot 0.3.3 (tests/data/lerobot-0.3.3-v2.1); each folder's README says how.
+Golden data: v3.0 written and read by LeRobot 0.6.1 (tests/data/lerobot-0.6.1: recordings, and
+recordings merged by its own aggregate_datasets) and v2.1 written and read by LeRobot 0.3.3
+(tests/data/lerobot-0.3.3-v2.1); each folder's README says how. Values that are not tensors
+(LeRobot's language columns, None where a row is empty) were recorded as JSON text and are
+compared as such: the same text is the same values, keys in the same order.
 """
 
 from __future__ import annotations
@@ -11,15 +14,30 @@ import json
 import random
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pytest
 import torch
+from support.mutate import put_together, take_apart
 from support.required import importorskip
 
 from lerobot_shards import ShardedLeRobotDataset
+from lerobot_shards.converter.check import verify_dataset
 from lerobot_shards.source import LeRobotSource
 
-DATASETS = ["av1_multifile", "image", "v21_video", "v21_image"]
-FRAMES = 74
+FRAMES = {
+    "av1_multifile": 74,
+    "image": 74,
+    "v21_video": 74,
+    "v21_image": 74,
+    "aggregated": 148,  # av1_multifile merged with itself by LeRobot's aggregate_datasets
+    "aggregated_image": 148,
+    "language": 56,
+    "language_none": 56,
+}
+"""The golden datasets and their frames."""
+DATASETS = list(FRAMES)
 
 
 def expected_items(path, delta: bool) -> tuple[list[str], list[str], np.lib.npyio.NpzFile]:
@@ -28,11 +46,22 @@ def expected_items(path, delta: bool) -> tuple[list[str], list[str], np.lib.npyi
     return json.loads(str(recorded["__keys__"])), list(recorded["__tasks__"]), recorded
 
 
+def delta_timestamps_of(recorded, default: dict[str, list[float]]) -> dict[str, list[float]]:
+    """The delta_timestamps a delta dump was recorded with: its own (``__delta__``), or the
+    default of the golden datasets that do not say."""
+    return json.loads(str(recorded["__delta__"])) if "__delta__" in recorded else default
+
+
 def assert_item_is_golden(item: dict, index: int, keys, tasks, recorded) -> None:
     assert list(item) == keys, f"index {index}: keys"
     assert item["task"] == tasks[index], f"index {index}: task"
+    texts = json.loads(str(recorded["__json__"])) if "__json__" in recorded else []
     for key in keys:
         if key == "task":
+            continue
+        if key in texts:
+            got = json.dumps(item[key])
+            assert got == str(recorded[f"{index}|{key}"]), f"index {index}, {key}: {got}"
             continue
         expected = torch.from_numpy(recorded[f"{index}|{key}"])
         got = item[key]
@@ -44,10 +73,9 @@ def assert_item_is_golden(item: dict, index: int, keys, tasks, recorded) -> None
 @pytest.mark.parametrize("name", DATASETS)
 def test_every_index_equals_lerobot(golden_path, golden_delta_timestamps, name, delta):
     keys, tasks, recorded = expected_items(golden_path(name), delta)
-    source = LeRobotSource(
-        str(golden_path(name)), delta_timestamps=golden_delta_timestamps if delta else None
-    )
-    assert len(source) == len(tasks) == FRAMES
+    deltas = delta_timestamps_of(recorded, golden_delta_timestamps) if delta else None
+    source = LeRobotSource(str(golden_path(name)), delta_timestamps=deltas)
+    assert len(source) == len(tasks) == FRAMES[name]
     for index in range(len(source)):
         assert_item_is_golden(source[index], index, keys, tasks, recorded)
 
@@ -57,22 +85,62 @@ def test_every_index_equals_lerobot(golden_path, golden_delta_timestamps, name, 
 def test_shards_equal_lerobot(golden_path, shards, golden_delta_timestamps, name, delta):
     """A whole shuffled epoch of the converted dataset: every index once, each LeRobot's item."""
     keys, tasks, recorded = expected_items(golden_path(name), delta)
-    ds = ShardedLeRobotDataset(
-        shards(name), buffer_size=3, delta_timestamps=golden_delta_timestamps if delta else None
-    )
+    deltas = delta_timestamps_of(recorded, golden_delta_timestamps) if delta else None
+    ds = ShardedLeRobotDataset(shards(name), buffer_size=3, delta_timestamps=deltas)
     order = []
     for item in ds:
         index = int(item["index"])
         assert_item_is_golden(item, index, keys, tasks, recorded)
         order.append(index)
-    assert sorted(order) == list(range(FRAMES)) and order != sorted(order)
+    assert sorted(order) == list(range(FRAMES[name])) and order != sorted(order)
+
+
+def test_rows_in_another_order_are_read_in_the_features_order(av1, golden_path, tmp_path):
+    """LeRobot reads the rows in the features' order, whatever the parquet's (its annotator
+    appends the language columns at the end): an item's keys follow the features."""
+    keys, tasks, recorded = expected_items(golden_path("av1_multifile"), False)
+    parts = take_apart(av1)
+    for row in range(len(parts.rows)):
+        table = parts.table(row)
+        parts.set_table(row, table.select(table.column_names[::-1]))
+    put_together(parts, tmp_path / "reversed")
+    items = list(ShardedLeRobotDataset(tmp_path / "reversed", buffer_size=3))
+    assert sorted(int(item["index"]) for item in items) == list(range(74))
+    for item in items:
+        assert_item_is_golden(item, int(item["index"]), keys, tasks, recorded)
+
+
+def test_merged_rows_are_written_fixed_and_read_as_converted_before(
+    golden_path, shards, golden_delta_timestamps, tmp_path
+):
+    """LeRobot's merge writes the vectors as list<float>: the shards hold them as a recording
+    does (fixed_size_list), and shards converted before, which hold the rows exactly as the
+    source does, read the same (LeRobot's items), and pass verify --deep."""
+    converted = take_apart(shards("aggregated"))
+    data = pq.read_table(golden_path("aggregated") / "data/chunk-000/file-000.parquet")
+    assert pa.types.is_list(data.schema.field("observation.state").type)  # LeRobot's own merge
+    for row, entry in enumerate(converted.rows):
+        rows = converted.table(row)
+        assert rows.schema.field("observation.state").type == pa.list_(pa.float32(), 4)
+        episode = data.filter(pc.equal(data["episode_index"], entry["episode_index"]))
+        converted.set_table(row, episode.select(rows.column_names))  # as written before
+    put_together(converted, tmp_path / "before")
+    assert verify_dataset(str(tmp_path / "before"), deep=True) == []
+    keys, tasks, recorded = expected_items(golden_path("aggregated"), True)
+    ds = ShardedLeRobotDataset(str(tmp_path / "before"), delta_timestamps=golden_delta_timestamps)
+    order = []
+    for item in ds:
+        order.append(int(item["index"]))
+        assert_item_is_golden(item, order[-1], keys, tasks, recorded)
+    assert sorted(order) == list(range(FRAMES["aggregated"]))
 
 
 @pytest.mark.parametrize("name", DATASETS)
 def test_random_access_order_equals_lerobot(golden_path, golden_delta_timestamps, name):
     """Open decoders seek back and jump across files and episodes without changing a frame."""
     keys, tasks, recorded = expected_items(golden_path(name), True)
-    source = LeRobotSource(str(golden_path(name)), delta_timestamps=golden_delta_timestamps)
+    deltas = delta_timestamps_of(recorded, golden_delta_timestamps)
+    source = LeRobotSource(str(golden_path(name)), delta_timestamps=deltas)
     order = list(range(len(source))) * 2
     random.Random(0).shuffle(order)
     for index in order:
@@ -94,7 +162,7 @@ def test_dataloader_workers_equal_lerobot(golden_dir, golden_delta_timestamps):
         assert_item_is_golden(item, index, keys, tasks, recorded)
 
 
-@pytest.mark.parametrize("name", ["av1_multifile", "image"])
+@pytest.mark.parametrize("name", ["av1_multifile", "image", "aggregated"])
 def test_return_uint8_equals_lerobots_own(golden_path, shards, name):
     """lerobot-train's own setting, ``return_uint8=True``: video frames uint8 and image
     features float32, every value as LeRobot's LeRobotDataset returns it, from the source and
@@ -107,8 +175,8 @@ def test_return_uint8_equals_lerobots_own(golden_path, shards, name):
     )
     source = LeRobotSource(str(golden_path(name)), return_uint8=True)
     items = list(ShardedLeRobotDataset(shards(name), buffer_size=3, return_uint8=True))
-    assert sorted(int(item["index"]) for item in items) == list(range(FRAMES))
-    for item in [*items, *(source[i] for i in range(FRAMES))]:
+    assert sorted(int(item["index"]) for item in items) == list(range(FRAMES[name]))
+    for item in [*items, *(source[i] for i in range(FRAMES[name]))]:
         index = int(item["index"])
         expected = theirs[index]
         assert list(item) == list(expected), index

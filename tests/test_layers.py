@@ -17,7 +17,7 @@ import lerobot_shards
 PACKAGE = Path(lerobot_shards.__file__).parent
 READER_LAYERS = ["plan", "fetch", "batches", "frames", "meta", "loading"]
 """Lowest first: a layer imports only the layers before it (and the package's top modules)."""
-TOP_BELOW_READER = {"format", "validate", "items", "trace"}
+TOP_BELOW_READER = {"format", "validate", "language", "items", "trace"}
 """Top-level modules the reader builds on; they never import the reader."""
 
 

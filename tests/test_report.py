@@ -22,7 +22,7 @@ from lerobot_shards.trace import COUNTERS, TraceWriter, read_traces
 importorskip("matplotlib", reason="the report extra (matplotlib) is not installed")
 
 FRAMES = 74  # av1_multifile
-BATCHES = 20  # 2 workers, 37 frames each, batches of 4: 10 each (the last of 1)
+BATCHES = 19  # batches of 4 mixing both workers' samples: 18 full, the last of 2
 PNG = b"\x89PNG\r\n\x1a\n"
 WORKERS = ["rank 0 worker 0", "rank 0 worker 1"]
 TITLES = [

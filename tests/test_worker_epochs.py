@@ -15,6 +15,7 @@ import pickle
 import signal
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -69,8 +70,11 @@ def assert_exact(ds: ShardedLeRobotDataset, stream: list[int], workers: int = WO
 
 @pytest.fixture(scope="module")
 def reference(av1) -> list[list[int]]:
-    """Epochs 0-2 through a ShardedDataLoader (which told its dataset the epoch before too)."""
-    loader = ShardedDataLoader(dataset(av1), batch_size=BATCH, num_workers=WORKERS)
+    """Epochs 0-2 through a ShardedDataLoader (which told its dataset the epoch before too),
+    its batches each one worker's, as a plain DataLoader's are."""
+    loader = ShardedDataLoader(
+        dataset(av1), batch_size=BATCH, num_workers=WORKERS, mixed_batches=False
+    )
     return [order(loader) for _ in range(3)]
 
 
@@ -122,7 +126,7 @@ def test_set_epoch_wins_and_the_next_iteration_follows_it(av1):
 
 @pytest.mark.parametrize("sharded", [False, True])
 def test_persistent_workers_unchanged(av1, reference, sharded):
-    cls = ShardedDataLoader if sharded else DataLoader
+    cls = partial(ShardedDataLoader, mixed_batches=False) if sharded else DataLoader
     loader = cls(dataset(av1), batch_size=BATCH, num_workers=WORKERS, persistent_workers=True)
     assert [order(loader) for _ in range(3)] == reference
 

@@ -13,6 +13,7 @@ _LAZY = {
     "suggested_workers": "lerobot_shards.reader.loading.cpu",
     "SmallPoolWarning": "lerobot_shards.reader.plan.pool_budget",
     "UncheckedStateWarning": "lerobot_shards.reader.plan.state",
+    "MissingStatsWarning": "lerobot_shards.validate",
 }
 
 

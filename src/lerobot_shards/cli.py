@@ -146,15 +146,25 @@ def main() -> None:
     help="Also decode each cut's first frame, catching damaged source keyframes at conversion "
     "(about 45%% more time per episode; verify --deep decodes every frame).",
 )
+@click.option(
+    "--strict",
+    is_flag=True,
+    help="Refuse non-finite values (NaN, Inf) in the rows, naming the feature, the episode and "
+    "the first index (without it they are reported as warnings, as LeRobot reads them).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def convert(
     source: str, dest: str, episodes: str | None, workers: int | None, overwrite: bool,
     no_progress: bool, executor: str, ray_address: str | None, max_in_flight: int | None,
-    trust_finished: bool, decode_check: bool,
+    trust_finished: bool, decode_check: bool, strict: bool, as_json: bool,
 ) -> None:  # fmt: skip
     """Convert the LeRobot dataset at SOURCE into shards at DEST (paths or fsspec URLs; SOURCE
     may be a Hub repo id, read from LeRobot's local copy when it has one).
 
-    Rerunning an interrupted conversion finishes it without redoing finished episodes.
+    Rerunning an interrupted conversion finishes it without redoing finished episodes. The
+    summary warns of what in the rows poisons training though LeRobot reads it: non-finite
+    values, action or state dimensions constant over a whole episode, one-frame episodes
+    (also in DEST/poisons.json, and in inspect).
     """
     if ray_address is not None and executor != "ray":
         raise click.UsageError("--ray-address needs --executor ray")
@@ -179,10 +189,16 @@ def convert(
             max_in_flight=max_in_flight,
             decode_check=decode_check,
             trust_finished=trust_finished,
+            strict=strict,
         )
     except (ConvertError, SourceError) as exc:
         raise click.ClickException(str(exc)) from exc
+    if as_json:
+        click.echo(json.dumps(summary.to_json(), indent=2))
+        return
     click.echo(summary.line())
+    for line in summary.warnings():
+        click.echo(line)
 
 
 @main.command()
@@ -343,6 +359,13 @@ def parse_weights(spec: str | None, count: int) -> list[float] | None:
     show_default=True,
     help="Seconds between progress lines.",
 )
+@click.option(
+    "--mixed-batches/--no-mixed-batches",
+    default=True,
+    show_default=True,
+    help="Each batch mixes every worker's pool (ShardedDataLoader's default), or comes from "
+    "one worker.",
+)
 @cache_options
 @click.option(
     "--report",
@@ -355,8 +378,9 @@ def stream(
     roots: tuple[str, ...], weights: str | None, workers: int, batch_size: int,
     seconds: float | None, epochs: int | None,
     buffer_size: int, byte_budget_gb: float | None, uint8: bool, seed: int,
-    decode_threads: int | None, interval: float, cache: bool | None, cache_dir: str | None,
-    cache_limit_gb: float | None, node_affinity: bool | None, report_path: str | None,
+    decode_threads: int | None, interval: float, mixed_batches: bool, cache: bool | None,
+    cache_dir: str | None, cache_limit_gb: float | None, node_affinity: bool | None,
+    report_path: str | None,
 ) -> None:  # fmt: skip
     """Stream the converted dataset at ROOT (several ROOTS: their mixture) through a
     DataLoader and print what it delivers: samples/s, camera frames/s, shard MB/s and the
@@ -404,6 +428,7 @@ def stream(
                 report=lambda s: click.echo(s.line()),
                 interval_s=interval,
                 log=log,
+                mixed_batches=mixed_batches,
             )
         except (FormatError, FileNotFoundError, ValueError) as exc:
             raise click.ClickException(str(exc)) from exc

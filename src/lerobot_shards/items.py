@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from lerobot_shards.language import LANGUAGE_COLUMNS, LanguageColumn
 from lerobot_shards.validate import decode_image
 
 
@@ -61,7 +62,8 @@ class EpisodeColumns:
 
     ``tensors`` holds numeric columns stacked over rows (dtype as ``torch.tensor`` of the
     Python value gives: float32, int64 or bool). ``images`` holds image features, decoded
-    lazily to CHW uint8 tensors. ``others`` keeps any other column as Python values.
+    lazily to CHW uint8 tensors. ``language`` holds LeRobot's language columns, whose values
+    are made per item (``language.py``). ``others`` keeps any other column as Python values.
     """
 
     names: list[str]
@@ -69,6 +71,7 @@ class EpisodeColumns:
     images: dict[str, list]
     others: dict[str, list]
     length: int
+    language: dict[str, LanguageColumn] = field(default_factory=dict)
     image_sizes: dict[str, tuple[int, int]] = field(default_factory=dict)
     """Per image feature, its (height, width): a decoded image of another size is refused
     (shards; a LeRobot source leaves it empty)."""
@@ -83,10 +86,14 @@ class EpisodeColumns:
         tensors: dict[str, torch.Tensor] = {}
         images: dict[str, list] = {}
         others: dict[str, list] = {}
+        language: dict[str, LanguageColumn] = {}
         for name in table.column_names:
             column = table.column(name)
             if name in image_keys:
                 images[name] = column.to_pylist()
+                continue
+            if name in LANGUAGE_COLUMNS:
+                language[name] = LanguageColumn(column, name)
                 continue
             array = _column_to_numpy(column)
             if array is None:
@@ -94,7 +101,9 @@ class EpisodeColumns:
             else:
                 tensors[name] = torch.from_numpy(array)
         sizes = dict(image_sizes or {})
-        return cls(list(table.column_names), tensors, images, others, table.num_rows, sizes)
+        return cls(
+            list(table.column_names), tensors, images, others, table.num_rows, language, sizes
+        )
 
     def value(self, name: str, positions: int | np.ndarray) -> object:
         """The column at one row position (0-dim / per-row shape) or stacked over several."""
@@ -107,6 +116,11 @@ class EpisodeColumns:
             if isinstance(positions, np.ndarray):
                 return torch.stack([self._image(name, int(p)) for p in positions])
             return self._image(name, positions)
+        if name in self.language:
+            column = self.language[name]
+            if isinstance(positions, np.ndarray):
+                return [column.value(int(p)) for p in positions]
+            return column.value(positions)
         col = self.others[name]
         if isinstance(positions, np.ndarray):
             return [col[int(p)] for p in positions]

@@ -28,9 +28,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader
 
 from lerobot_shards.reader.loading.dataset import ShardedLeRobotDataset, rank_and_world_size
+from lerobot_shards.reader.loading.loader import ShardedDataLoader
 
 if TYPE_CHECKING:
     from lerobot_shards.report import RunLog
@@ -187,9 +187,10 @@ def stream(
     interval_s: float = 5.0,
     collate_fn: Callable | None = None,
     log: RunLog | None = None,
+    mixed_batches: bool = True,
 ) -> StreamStats:
     """Stream ``root`` (or a mixture: a list of roots, with ``weights``) through a
-    ``DataLoader`` and return what it delivered.
+    ``ShardedDataLoader`` and return what it delivered.
 
     Runs ``epochs`` epochs (default 1), or until ``seconds`` have passed (with ``seconds`` and
     no ``epochs``: as many epochs as fit), whichever comes first. DataLoader workers are
@@ -197,7 +198,8 @@ def stream(
     ``report(stats)`` is called every ``interval_s`` seconds and at the end of every epoch.
     ``dataset_options`` go to ``ShardedLeRobotDataset`` as further keyword arguments.
     ``collate_fn`` batches for the DataLoader (``None``: torch's ``default_collate``).
-    ``log`` records each batch for a report (``lerobot_shards.report``).
+    ``log`` records each batch for a report (``lerobot_shards.report``). ``mixed_batches``:
+    the loader's (False: each batch from one worker).
 
     The rates cover what follows ``warmup_batches`` batches, or, with ``warmup_epochs``, whole
     epochs from the start of epoch ``warmup_epochs`` (with persistent workers already running):
@@ -224,13 +226,14 @@ def stream(
     _, world = rank_and_world_size()
     counter = _FetchCounter(ds, world * max(1, workers))
     shape = {key: int(np.prod(ds.meta.features[key]["shape"])) for key in ds.meta.camera_keys}
-    loader = DataLoader(
+    loader = ShardedDataLoader(
         ds,
         batch_size=batch_size,
         num_workers=workers,
         persistent_workers=workers > 0,
         worker_init_fn=_one_intra_op_thread if workers > 0 else None,
-        collate_fn=collate_fn if batch_size is not None else None,
+        collate_fn=collate_fn,
+        mixed_batches=mixed_batches,
     )
     members = ds.datasets
     stats = StreamStats(

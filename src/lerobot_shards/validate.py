@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +39,7 @@ from lerobot_shards.format import (
     read_whole,
     shard_paths,
 )
+from lerobot_shards.language import LANGUAGE_COLUMNS, LanguageColumn
 
 MAX_SIDE = 16384
 """The largest frame width or height a header may declare (16K video)."""
@@ -49,6 +51,8 @@ DTYPES = frozenset(
     + [f"{sign}int{n}" for sign in ("", "u") for n in (8, 16, 32, 64)]
 )
 """The feature dtypes the reader makes items of (LeRobot's); any other is refused."""
+NUMERIC = frozenset(["float32", "int64", "bool"])
+"""The value kinds (:func:`value_kind`) of features whose rows are numbers."""
 TOLERANCE_S = 1e-4
 """LeRobot's default ``tolerance_s``: how far a row's ``timestamp`` may be from
 ``frame_index / fps`` (plus the rounding of a float32 timestamp)."""
@@ -125,6 +129,14 @@ def frame_size(feature: Mapping) -> tuple[int, int]:
     return height, width
 
 
+def row_keys(features: Mapping[str, Mapping]) -> list[str]:
+    """The columns of a dataset's rows, in the order LeRobot reads them (and an item's keys
+    follow): the features' order, the videos left out. LeRobot reads the rows through Hugging
+    Face ``datasets`` with the features, which puts the columns in their order, whatever the
+    parquet's (``lerobot-annotate`` appends its language columns at the end)."""
+    return [k for k, f in features.items() if f.get("dtype") != "video"]
+
+
 def check_rows(
     table: pa.Table,
     features: Mapping[str, Mapping],
@@ -133,51 +145,58 @@ def check_rows(
     where: str,
     fps: float,
     tolerance_s: float = TOLERANCE_S,
-) -> None:
-    """An episode's rows hold exactly the features but the videos (no other column), in the
-    features' order (an item's keys follow the rows', as LeRobot's do), each of its declared
-    dtype (exactly: a float64 column is no float32 feature) and shape, no empty values, every
-    image as bytes (not a path); their ``episode_index`` and ``index`` are the header's,
+) -> pa.Table:
+    """The episode's rows, checked, each numeric feature in its Arrow type of the shards
+    (:func:`canonical_column`). They hold exactly the features but the videos (no other
+    column, none twice; in any order: LeRobot reads them in the features' order, and so do
+    items, :func:`row_keys`), each of its declared dtype (exactly: a float64 column is no
+    float32 feature) and shape, no empty values (but in LeRobot's language columns, None where
+    a row is empty), every image as bytes (not a path), every language column one LeRobot
+    reads (``language.py``); their ``episode_index`` and ``index`` are the header's,
     ``frame_index`` counts 0..length-1 and ``timestamp`` is ``frame_index / fps`` within
     ``tolerance_s`` (items must agree with what LeRobot serves, which finds video frames by
     timestamp); every ``task_index`` names one of the dataset's ``tasks`` (by task_index), and
     one its header names. Columnar: per episode, not per row."""
-    nulls = [name for name in table.column_names if table.column(name).null_count]
+    names = table.column_names  # a new list at each call: taken once
+    nulls = [
+        name
+        for i, name in enumerate(names)
+        if table.column(i).null_count and name not in LANGUAGE_COLUMNS
+    ]
     if nulls:
         raise FormatError(f"{where}: the rows' {nulls} have empty values")
-    wanted = [k for k, f in features.items() if f.get("dtype") != "video"]
-    extra = [name for name in table.column_names if name not in wanted]
+    wanted = row_keys(features)
+    present, allowed = set(names), set(wanted)
+    extra = [name for name in names if name not in allowed]
     if extra:
         raise FormatError(f"{where}: the rows have columns {extra} that are not features")
+    missing = [key for key in wanted if key not in present]
+    if missing:
+        raise FormatError(f"{where}: the rows lack the feature {missing[0]!r}")
+    if len(names) != len(present):
+        twice = sorted({name for name in names if names.count(name) > 1})
+        raise FormatError(f"{where}: the rows hold the columns {twice} more than once")
+    columns: dict[str, pa.ChunkedArray] = {}  # numeric features in another type than the shards'
     for key in wanted:
-        feature = features[key]
-        if key not in table.column_names:
-            raise FormatError(f"{where}: the rows lack the feature {key!r}")
-        typ = table.schema.field(key).type
+        feature, column = features[key], table.column(names.index(key))
         if feature.get("dtype") == "image":
-            _check_image_column(table.column(key), key, where)
-            continue
-        if feature.get("dtype") == "string":
-            if not (pa.types.is_string(typ) or pa.types.is_large_string(typ)):
-                raise FormatError(f"{where}: the rows' {key!r} is {typ}, the features say string")
-            continue
-        kind, shape = value_kind(feature, False)
-        if kind not in ("float32", "int64", "bool"):
-            continue
-        got = []
-        while pa.types.is_fixed_size_list(typ):
-            got.append(typ.list_size)
-            typ = typ.value_type
-        if typ != pa.type_for_alias(feature["dtype"]) or tuple(got) != shape:
-            raise FormatError(
-                f"{where}: the rows' {key!r} is {table.schema.field(key).type} per row, the "
-                f"features say {feature['dtype']} of shape {shape}"
-            )
-    if table.column_names != wanted:
-        raise FormatError(
-            f"{where}: the rows' columns are in the order {table.column_names}, the features' "
-            f"is {wanted}"
-        )
+            _check_image_column(column, key, where)
+        elif feature.get("dtype") == "string":
+            if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+                raise FormatError(
+                    f"{where}: the rows' {key!r} is {column.type}, the features say string"
+                )
+        elif key in LANGUAGE_COLUMNS:
+            try:
+                LanguageColumn(column, key)
+            except ValueError as exc:
+                raise FormatError(f"{where}: {exc}") from exc
+        elif value_kind(feature, False)[0] in NUMERIC:
+            canonical = canonical_column(column, feature, key, where)
+            if canonical is not column:  # in another Arrow type: replaced below
+                columns[key] = canonical
+    for key, column in columns.items():
+        table = table.set_column(names.index(key), key, column)
     positions = np.arange(table.num_rows)
     expected = {
         "episode_index": np.full(table.num_rows, header.episode_index),
@@ -185,10 +204,10 @@ def check_rows(
         "frame_index": positions,
     }
     for key, want in expected.items():
-        got = table.column(key).to_numpy() if key in table.column_names else None
+        got = table.column(key).to_numpy() if key in present else None
         if got is None or got.shape != want.shape or not np.array_equal(got, want):
             raise FormatError(f"{where}: the rows' {key!r} is not the header's")
-    got = table.column("timestamp").to_numpy() if "timestamp" in table.column_names else None
+    got = table.column("timestamp").to_numpy() if "timestamp" in present else None
     want = positions / fps
     if got is None or got.shape != want.shape or not np.issubdtype(got.dtype, np.floating):
         raise FormatError(f"{where}: the rows' 'timestamp' is not one number per row")
@@ -200,8 +219,7 @@ def check_rows(
             f"{where}: row {row}'s timestamp is {float(got[row])!r}, not frame_index / fps = "
             f"{want[row]!r} (within tolerance_s={tolerance_s})"
         )
-    column = table.column("task_index") if "task_index" in table.column_names else None
-    indices = column.to_numpy() if column is not None else None
+    indices = table.column("task_index").to_numpy() if "task_index" in present else None
     if indices is None or indices.ndim != 1 or indices.min() < 0 or indices.max() >= len(tasks):
         raise FormatError(f"{where}: a task_index is not one of the {len(tasks)} tasks")
     for i in np.unique(indices).tolist():
@@ -211,6 +229,87 @@ def check_rows(
                 f"{where}: row {row}'s task_index {i} is the task {tasks[i]!r}, not one of its "
                 f"header's tasks {header.tasks}"
             )
+    return table
+
+
+_is_fixed = pa.types.is_fixed_size_list
+
+
+def _nested(element: pa.DataType, shape: tuple[int, ...]) -> pa.DataType:
+    """The Arrow type the shards store a numeric feature's rows in: its element type as a
+    scalar for shape ``()``, else nested ``fixed_size_list`` of its shape (what LeRobot's
+    recorder writes, and what LeRobot casts every data file to when it loads one)."""
+    for size in reversed(shape):
+        element = pa.list_(pa.field("element", element), size)
+    return element
+
+
+def canonical_rows(table: pa.Table, features: Mapping[str, Mapping], where: str) -> pa.Table:
+    """``table`` with each numeric feature's column in the shards' Arrow type
+    (:func:`canonical_column`); every other column as it is."""
+    for position, key in enumerate(table.column_names):
+        feature = features.get(key)
+        if feature is None or feature.get("dtype") in ("video", "image"):
+            continue
+        if value_kind(feature, False)[0] in NUMERIC:
+            column = table.column(position)
+            canonical = canonical_column(column, feature, key, where)
+            if canonical is not column:
+                table = table.set_column(position, key, canonical)
+    return table
+
+
+def canonical_column(
+    column: pa.ChunkedArray, feature: Mapping[str, Any], key: str, where: str
+) -> pa.ChunkedArray:
+    """A numeric feature's rows in the shards' Arrow type, the same values (``column`` itself
+    where it is in that type): nested ``fixed_size_list`` of the feature's dtype as deep as its
+    shape (a scalar for shape ``(1,)``), what LeRobot's recorder writes.
+
+    LeRobot's own tools write vectors as ``list`` where a recording writes ``fixed_size_list``
+    (``aggregate_datasets``, ``modify_tasks`` and the v2.1 to v3.0 script go through pandas),
+    and Hugging Face's ``Array2D`` and up store nested ``list``; LeRobot casts each data file to
+    the features' type when it loads it. So ``list``, ``large_list`` and ``fixed_size_list``,
+    nested as deep as the shape, of the features' exact element type, are one feature when
+    every row has the features' shape. A row of another shape, an empty value at any depth or
+    another element type is refused (LeRobot's cast fails, or changes the values)."""
+    shape = value_kind(feature, False)[1]
+    element = pa.type_for_alias(str(feature["dtype"]))
+    if not shape and column.type == element:  # a scalar, as every writer stores one
+        if column.null_count:
+            raise FormatError(f"{where}: the rows' {key!r} have empty values")
+        return column
+    values = column
+    if isinstance(values.type, pa.ExtensionType):  # Hugging Face's ArrayND: nested lists
+        values = pa.chunked_array([c.storage for c in values.chunks], values.type.storage_type)
+    levels, leaf = [], values.type
+    while pa.types.is_list(leaf) or pa.types.is_large_list(leaf) or _is_fixed(leaf):
+        levels.append(leaf)
+        leaf = leaf.value_type
+    sizes = tuple((t.list_size if _is_fixed(t) else n) for t, n in zip(levels, shape, strict=False))
+    if leaf != element or len(levels) != len(shape) or sizes != shape:
+        raise FormatError(
+            f"{where}: the rows' {key!r} is {column.type} per row, the features say "
+            f"{feature['dtype']} of shape {shape}"
+        )
+    level, outer = values, 1
+    for axis, size in enumerate(shape):
+        if level.null_count:
+            raise FormatError(f"{where}: the rows' {key!r} have empty values inside a row")
+        if not _is_fixed(level.type):
+            lengths = pc.list_value_length(level).to_numpy()
+            bad = np.flatnonzero(lengths != size)
+            if len(bad):
+                raise FormatError(
+                    f"{where}: row {int(bad[0]) // outer}'s {key!r} holds {int(lengths[bad[0]])} "
+                    f"values on axis {axis}, the features say shape {shape}"
+                )
+        level, outer = pc.list_flatten(level), outer * size
+    if level.null_count:
+        raise FormatError(f"{where}: the rows' {key!r} have empty values inside a row")
+    if values is column and all(_is_fixed(t) for t in levels):
+        return column
+    return values.cast(_nested(element, shape))
 
 
 def _check_image_column(column: pa.ChunkedArray, key: str, where: str) -> None:
@@ -349,7 +448,15 @@ def check_features(features: Any, where: str) -> dict[str, dict]:
         feature = mapping(feature, where, f"feature {key!r}")
         dtype = text(feature.get("dtype"), where, f"feature {key!r} dtype")
         if dtype not in DTYPES:
-            raise FormatError(f"{where}: feature {key!r} has dtype {dtype!r}, not one of LeRobot's")
+            raise FormatError(
+                f"{where}: feature {key!r} has dtype {dtype!r}, which lerobot-shards does not "
+                f"read (it reads {', '.join(sorted(DTYPES))})"
+            )
+        if (dtype == "language") != (key in LANGUAGE_COLUMNS):
+            raise FormatError(
+                f"{where}: feature {key!r} has dtype {dtype!r}; LeRobot reads language columns "
+                f"by name, and only {list(LANGUAGE_COLUMNS)}, as dtype 'language'"
+            )
         shape = feature.get("shape")
         if not isinstance(shape, list | tuple) or not shape:
             raise FormatError(f"{where}: feature {key!r} shape must be a list, got {shape!r}")
@@ -530,17 +637,24 @@ def check_ranges(
         )
 
 
+class MissingStatsWarning(UserWarning):
+    """``meta/stats.json`` has no statistics of some features: LeRobot reads such a dataset
+    (its ``add_features`` writes one) and normalizes none of those features."""
+
+
 STATS_EXEMPT = frozenset(["string", "language"])
 """Feature dtypes LeRobot computes no statistics of (``compute_episode_stats``)."""
 
 
 def check_stats(stats: Any, features: Mapping[str, Mapping], where: str) -> dict[str, Any]:
     """``meta/stats.json`` as numpy arrays (LeRobot's ``cast_stats_to_numpy``), as LeRobot
-    writes it: one entry per feature (but text ones) and no other, the cameras' with the same
+    writes it: no entry of what is not a feature, and one per feature but text ones (a feature
+    without is warned of: :class:`MissingStatsWarning`), the cameras' with the same
     statistics, the other features' with the same statistics (LeRobot's quantile script may
     leave the cameras' as they were), each a rectangular array of finite numbers of its
     feature's shape (``count`` one number, a camera's stats one per channel, ``(C, 1, 1)``,
-    any other the feature's shape). LeRobot normalizes with them: a NaN would train on NaN."""
+    any other the feature's shape, or its last axis': LeRobot's recorder writes those of a
+    feature of several axes so). LeRobot normalizes with them: a NaN would train on NaN."""
     stats = mapping(stats, where, "stats")
     unknown = sorted(k for k in stats if k not in features)
     if unknown:
@@ -549,7 +663,13 @@ def check_stats(stats: Any, features: Mapping[str, Mapping], where: str) -> dict
         k for k, f in features.items() if f.get("dtype") not in STATS_EXEMPT and k not in stats
     ]
     if missing:
-        raise FormatError(f"{where}: no stats of the features {missing}")
+        warnings.warn(
+            f"{where}: no statistics of the features {missing} (LeRobot's add_features and "
+            "image-to-video conversion write none): LeRobot normalizes none of them, so a "
+            "policy that takes one in or out trains on its raw values",
+            MissingStatsWarning,
+            stacklevel=2,
+        )
     out: dict[str, Any] = {}
     names: dict[bool, tuple[str, list[str]]] = {}  # by whether the feature is a camera
     for key, feature_stats in stats.items():
@@ -575,7 +695,9 @@ def check_stats(stats: Any, features: Mapping[str, Mapping], where: str) -> dict
                     f"{where}: stat {name!r} of {key!r} is not an array of numbers: {exc}"
                 ) from exc
             want = (1,) if name == "count" else shape
-            if array.shape != want:
+            # LeRobot's recorder computes a feature's stats along its last axis (its
+            # RunningQuantileStats): a (2, 3) feature's are of shape (3,), and broadcast
+            if array.shape != want and (camera or name == "count" or array.shape != want[-1:]):
                 raise FormatError(
                     f"{where}: stat {name!r} of {key!r} has shape {array.shape}, the feature {want}"
                 )

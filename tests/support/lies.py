@@ -422,6 +422,10 @@ def lie_rows(parts: Parts, choose: Choose) -> tuple[str, str, Edits]:
             "wider",
             "float64",
             "int32",
+            "as list",
+            "as large_list",
+            "ragged list",
+            "null inside",
             "extra column",
             "renamed",
             "columns reversed",
@@ -457,6 +461,18 @@ def lie_rows(parts: Parts, choose: Choose) -> tuple[str, str, Edits]:
             table = column_set(table, name, table[name].cast(cast))
         except (pa.ArrowException, ValueError):
             table = column_set(table, name, pa.array([str(x) for x in table[name].to_pylist()]))
+    elif op in ("as list", "as large_list", "ragged list", "null inside"):
+        # LeRobot's merge writes a vector as list<float>, not fixed_size_list: the same values,
+        # read unchanged. A row of another length, or an empty value inside one, is refused.
+        values = [x if isinstance(x, list) else [x] for x in table[name].to_pylist()]
+        if op == "ragged list":
+            values[-1] = values[-1][:-1]
+        if op == "null inside":
+            values[0] = [None, *values[0][1:]]
+        typ = table[name].type
+        inner = typ.value_type if pa.types.is_fixed_size_list(typ) else typ
+        kind = pa.large_list(inner) if op == "as large_list" else pa.list_(inner)
+        table = column_set(table, name, pa.array(values, kind))
     elif op == "extra column":
         table = table.append_column("secret", pa.array([0.0] * n, pa.float32()))
     elif op == "renamed":
@@ -641,6 +657,8 @@ def lie_camera_everywhere(parts: Parts, choose: Choose) -> tuple[str, str, Edits
 
 
 def lie_stats(parts: Parts, choose: Choose) -> tuple[str, str, Edits]:
+    # No stats of a feature is no lie: LeRobot's add_features writes such a dataset, read with a
+    # warning (test_agreeing_lies.py).
     stats = json.loads(parts.others[STATS_FILE])
     key = choose("feature", sorted(stats))
     stat = choose("statistic", sorted(stats[key]))
@@ -654,7 +672,6 @@ def lie_stats(parts: Parts, choose: Choose) -> tuple[str, str, Edits]:
             "NaN",
             "infinite",
             "nested deeper",
-            "feature missing",
             "unknown feature",
             "statistic missing",
             "not an object",
@@ -679,8 +696,6 @@ def lie_stats(parts: Parts, choose: Choose) -> tuple[str, str, Edits]:
         )
     elif op == "nested deeper":
         stats[key][stat] = [values]
-    elif op == "feature missing":
-        stats.pop(key)
     elif op == "unknown feature":
         stats["not.a.feature"] = stats[key]
     elif op == "statistic missing":

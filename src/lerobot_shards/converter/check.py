@@ -1,7 +1,8 @@
 """Look at and verify a converted dataset: ``inspect`` summarises, ``verify`` finds damage.
 
 Both read only what the format promises (index.json, the manifest, the shards), so they check a
-dataset the way a reader will see it, whoever wrote it.
+dataset the way a reader will see it, whoever wrote it; ``inspect`` also shows what ``convert``
+found in the rows that poisons training (``poisons.json``, beside them).
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ from tqdm import tqdm
 
 from lerobot_shards.converter.parallel import run_tasks
 from lerobot_shards.format import (
+    INDEX_FILE,
     MANIFEST_FILE,
+    DatasetIndex,
     EpisodeHeader,
     FormatError,
     ManifestRow,
@@ -35,6 +38,7 @@ from lerobot_shards.format import (
     rows_member,
     video_member,
 )
+from lerobot_shards.poisons import POISONS_FILE, Poison, parse_poisons, summary_lines
 from lerobot_shards.validate import (
     ManifestFile,
     check_camera,
@@ -47,6 +51,7 @@ from lerobot_shards.validate import (
     decode_image,
     frame_size,
     parse_header,
+    parse_index,
     read_index,
 )
 
@@ -76,7 +81,9 @@ def _open(root: str, storage_options: dict | None) -> tuple[fsspec.AbstractFileS
 
 
 def inspect_dataset(root: str, storage_options: dict | None = None) -> dict[str, Any]:
-    """A summary of a converted dataset: counts, cameras and codecs, bytes, size percentiles."""
+    """A summary of a converted dataset: counts, cameras and codecs, bytes, size percentiles,
+    and what ``convert`` found that poisons training (``poisons``: None if it was not recorded,
+    a dataset converted by an earlier version)."""
     fs, path = _open(root, storage_options)
     index = read_index(fs, path)
     where = join(path, MANIFEST_FILE)
@@ -112,7 +119,23 @@ def inspect_dataset(root: str, storage_options: dict | None = None) -> dict[str,
         "cameras": cameras,
         "episode_bytes": _percentiles(sizes),
         "episode_frames": _percentiles(lengths),
+        **_poisons(fs, path),
     }
+
+
+def _poisons(fs: fsspec.AbstractFileSystem, root: str) -> dict[str, Any]:
+    """``poisons`` and ``unchecked_episodes`` as ``poisons.json`` records them (None if the
+    dataset has no such file)."""
+    path = join(root, POISONS_FILE)
+    try:
+        data = fs.cat_file(path)
+    except FileNotFoundError:
+        return {"poisons": None, "unchecked_episodes": None}
+    try:
+        poisons, unchecked = parse_poisons(data, path)
+    except ValueError as exc:
+        raise FormatError(str(exc)) from exc
+    return {"poisons": [p.to_json() for p in poisons], "unchecked_episodes": unchecked}
 
 
 def format_inspection(summary: dict[str, Any]) -> str:
@@ -130,6 +153,19 @@ def format_inspection(summary: dict[str, Any]) -> str:
     for name, unit in (("episode_bytes", "bytes"), ("episode_frames", "frames")):
         pct = "  ".join(f"{k}={v}" for k, v in summary[name].items())
         lines.append(f"{name.replace('_', ' ')} ({unit}): {pct}")
+    if summary.get("poisons") is None:
+        lines.append("poisons: not recorded (converted by an earlier version)")
+        return "\n".join(lines)
+    found = summary_lines(
+        [Poison.from_json(p, "poisons") for p in summary["poisons"]],
+        len(summary["unchecked_episodes"]),
+    )
+    lines.append(
+        "poisons: none found"
+        if not found
+        else "poisons (LeRobot reads these; a training run may not survive them):"
+    )
+    lines += [f"  {line}" for line in found]
     return "\n".join(lines)
 
 
@@ -164,6 +200,47 @@ class EpisodeChecks:
     image_keys: list[str]
 
 
+@dataclass
+class DatasetFiles:
+    """A converted dataset's index, manifest and metadata, read and checked by the reader's
+    own code, so ``verify``, ``convert`` and the reader agree."""
+
+    index: DatasetIndex
+    manifest: bytes
+    """``manifest.parquet``'s bytes (read again a batch at a time to hand out shard tasks)."""
+    rows: Any
+    """The numbers of every row (``reader.meta.selection.ManifestRows``), each batch checked."""
+    meta: Any
+    """``reader.meta.DatasetMeta``."""
+
+
+def read_dataset(
+    fs: fsspec.AbstractFileSystem, path: str, root: str, index_data: bytes | None = None
+) -> DatasetFiles:
+    """``path``'s index, manifest (checked a batch at a time, never held as a table) and
+    metadata (the reader's own checks of ``meta/info.json`` and the tasks).
+
+    Args:
+        fs: The dataset's filesystem.
+        path: The dataset's path in ``fs``.
+        root: The dataset as the user named it (for messages).
+        index_data: ``index.json``'s bytes, where the converter has not written it yet.
+    """
+    # no torch: verify runs without it
+    from lerobot_shards.reader.meta.metadata import read_meta
+    from lerobot_shards.reader.meta.selection import ManifestRows
+
+    if index_data is None:
+        index = read_index(fs, path)
+    else:
+        index = parse_index(index_data, where=join(path, INDEX_FILE))
+    where = join(path, MANIFEST_FILE)
+    data = read_whole(fs, where)
+    rows = ManifestRows.read(ManifestFile(data, where))
+    meta = read_meta(fs, path, index, rows.table(), root, rows.shard)
+    return DatasetFiles(index, data, rows, meta)
+
+
 def verify_dataset(
     root: str,
     *,
@@ -192,21 +269,13 @@ def verify_dataset(
         ray_address: See ``executor``.
         progress: Show a progress bar of the episodes checked.
     """
-    # no torch: verify runs without it
-    from lerobot_shards.reader.meta.metadata import read_meta
-    from lerobot_shards.reader.meta.selection import ManifestRows
-
     fs, path = _open(root, storage_options)
-    where = join(path, MANIFEST_FILE)
     try:
-        index = read_index(fs, path)
-        data = read_whole(fs, where)
-        every = ManifestRows.read(ManifestFile(data, where))  # checked, a batch at a time
-        numbers = every.table()
-        # The reader's own checks of meta/info.json and the tasks: the two agree.
-        meta = read_meta(fs, path, index, numbers, root, every.shard)
+        dataset = read_dataset(fs, path, root)
     except (FormatError, FileNotFoundError) as exc:
         return [Problem(None, None, str(exc))]
+    index, data, every, meta = dataset.index, dataset.manifest, dataset.rows, dataset.meta
+    numbers = every.table()
     problems = []
     if checksum(data) != index.manifest_checksum:
         problems.append(Problem(None, MANIFEST_FILE, "checksum differs from index.json"))
@@ -225,7 +294,7 @@ def verify_dataset(
     with tqdm(total=len(rows), unit="ep", desc="verify", disable=not progress) as bar:
         for task, episode_problems in run_tasks(
             functools.partial(check_episodes, checks),
-            _row_tasks(ManifestFile(data, where), rows) if len(rows) else (),
+            _row_tasks(ManifestFile(data, join(path, MANIFEST_FILE)), rows) if len(rows) else (),
             workers=workers,
             executor=executor,
             ray_address=ray_address,
@@ -324,7 +393,7 @@ def verify_episode(
         rows = pq.read_table(io.BytesIO(members[expected[1]]))
         if rows.num_rows != row.length:
             return [f"{expected[1]}: {rows.num_rows} rows, expected {row.length}"]
-        check_rows(rows, meta.features, header, meta.task_names, where, meta.fps)
+        rows = check_rows(rows, meta.features, header, meta.task_names, where, meta.fps)
         for key in video_keys:
             check_camera(header.cameras[key], meta.features[key], row.length, key, where)
     except FormatError as exc:

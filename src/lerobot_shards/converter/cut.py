@@ -24,6 +24,7 @@ from typing import BinaryIO
 import av
 
 from lerobot_shards.format import CameraHeader
+from lerobot_shards.validate import check_stream
 
 DEFAULT_TOLERANCE_S = 1e-4
 """LeRobot's own default tolerance between a query timestamp and a frame timestamp."""
@@ -293,6 +294,7 @@ def _check_cut(data: bytes, camera: CameraHeader, where: str, decode: bool) -> N
             raise CutError(
                 f"{where}: the written mp4 holds {stream.frames} frames, expected {camera.frames}"
             )
+        check_stream(stream.codec_context, camera, where)  # as the reader demuxes it
         if not decode:
             return
         stream.thread_count = 1

@@ -10,8 +10,9 @@ records): ``run`` imports ``ray_executor`` only when the Ray executor is chosen,
 
 After an episode's shard is in place, ``convert_episode`` saves its manifest row as a resume
 record under ``DEST/.convert/done/`` (a JSON line: on a local disk appended to the process's own
-log, elsewhere one object each); ``run`` reads them back (``read_records``) to skip finished
-episodes on a rerun.
+log, elsewhere one object each), with what its rows hold that poisons training
+(``poisons.py``); ``run`` reads them back (``read_converted``) to skip finished episodes on a
+rerun.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import fsspec
+import pyarrow as pa
 from fsspec.implementations.local import LocalFileSystem
 
 from lerobot_shards.converter.shard import SourceVideos, write_episode_shard
@@ -33,6 +35,7 @@ from lerobot_shards.format import (
     episode_key,
     join,
 )
+from lerobot_shards.poisons import Poison, find_poisons, scan_poisons
 from lerobot_shards.source import Source, open_source
 
 STATE_DIR = ".convert"
@@ -62,6 +65,15 @@ def no_space(dest: str, doing: str, exc: OSError) -> ConvertError:
 
 
 @dataclass(frozen=True)
+class Converted:
+    """An episode converted: its manifest row, and what its rows hold that poisons training
+    (None: not known, a record of an earlier version)."""
+
+    row: ManifestRow
+    poisons: list[Poison] | None
+
+
+@dataclass(frozen=True)
 class JobArgs:
     """What any process (a pool worker, a Ray worker) needs to convert one episode."""
 
@@ -87,6 +99,9 @@ class _Job:
         self.fs, root = fsspec.core.url_to_fs(args.dest, **(args.dest_storage_options or {}))
         self.root = root.rstrip("/") or "/"
         self.records = _Records(self.fs, self.root, args.run_id)
+        self.searched: tuple[pa.Table, dict[int, list[Poison]]] | None = None
+        """The rows last searched for poisons (the source's, held) and what each episode in
+        them holds."""
 
     def close(self) -> None:
         self.videos.close()
@@ -115,8 +130,9 @@ def forget_job() -> None:
     _PROCESS_JOB = None
 
 
-def convert_episode(args: JobArgs, episode_index: int, then: Sequence[int] = ()) -> ManifestRow:
-    """The per-episode work every executor runs: write the shard, then its resume record.
+def convert_episode(args: JobArgs, episode_index: int, then: Sequence[int] = ()) -> Converted:
+    """The per-episode work every executor runs: write the shard, find its rows' poisons, then
+    save its resume record.
 
     Idempotent, so a retry after a crash is safe: the shard appears atomically (temp file and
     rename, or one upload) with the same bytes every time, and only then its record. ``then``:
@@ -129,17 +145,37 @@ def convert_episode(args: JobArgs, episode_index: int, then: Sequence[int] = ())
             job.src, episode_index, job.fs, job.root, args.tolerance_s, job.videos, then,
             args.run_id, args.decode_check,
         )  # fmt: skip
-        job.records.save(row)
+        converted = Converted(row, episode_poisons(job, episode_index))
+        job.records.save(converted)
     except ConvertError:
         raise
     except Exception as exc:
         if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
             raise no_space(args.dest, f"writing episode {episode_index}", exc) from exc
         raise episode_error(episode_index, exc) from exc
-    return row
+    return converted
 
 
-def convert_episodes(args: JobArgs, episode_indices: list[int]) -> list[ManifestRow]:
+def episode_poisons(job: _Job, episode_index: int) -> list[Poison]:
+    """What the episode's rows hold that poisons training, from the rows its shard was just
+    written from: the source still holds them, with those of the episodes it read along, which
+    are all searched at once (per episode, the search's fixed costs would be a tenth of a small
+    episode's conversion)."""
+    held = job.src.rows_held(episode_index)
+    if held is None:  # not held (the source read the episode alone again): read, search alone
+        rows = job.src.read_rows(episode_index)
+        return find_poisons(rows, job.src.features, episode_index)
+    table, episodes = held
+    if job.searched is None or job.searched[0] is not table:
+        try:
+            job.searched = (table, scan_poisons(table, job.src.features, episodes))
+        except ValueError:  # the episodes' rows are interleaved: each searched alone
+            rows = job.src.read_rows(episode_index)
+            return find_poisons(rows, job.src.features, episode_index)
+    return job.searched[1][episode_index]
+
+
+def convert_episodes(args: JobArgs, episode_indices: list[int]) -> list[Converted]:
     """``convert_episode`` for each of a run of episodes, in order: one pool task (a failure
     ends it, and the driver stops the run)."""
     return [
@@ -165,8 +201,9 @@ class _Records:
         self.fs, self.root, self.run_id = fs, root, run_id
         self._fd: int | None = None
 
-    def save(self, row: ManifestRow) -> None:
-        line = row_to_json(row) + b"\n"
+    def save(self, converted: Converted) -> None:
+        row = converted.row
+        line = converted_to_json(converted) + b"\n"
         if not isinstance(self.fs, LocalFileSystem):
             chunk = row.episode_index // EPISODES_PER_SHARD_DIR
             name = f"{DONE_DIR}/{chunk:03d}/{episode_key(row.episode_index)}.jsonl"
@@ -186,29 +223,41 @@ class _Records:
             self._fd = None
 
 
-def read_records(fs: fsspec.AbstractFileSystem, root: str) -> dict[int, ManifestRow]:
+def read_converted(fs: fsspec.AbstractFileSystem, root: str) -> dict[int, Converted]:
     """Every resume record under the destination ``root``, by episode; torn or unreadable
     lines are skipped."""
     done_dir = join(root, DONE_DIR)
     if not fs.exists(done_dir):
         return {}
     paths = [p for p in fs.find(done_dir) if p.endswith(".jsonl")]
-    rows = {}
+    records = {}
     for data in fs.cat(paths).values() if paths else ():  # concurrent on object stores
         for line in data.splitlines():
             try:
-                row = row_from_json(line)
+                converted = converted_from_json(line)
             except (ValueError, TypeError, KeyError):
                 continue
-            rows[row.episode_index] = row
-    return rows
+            records[converted.row.episode_index] = converted
+    return records
 
 
-def row_to_json(row: ManifestRow) -> bytes:
-    return json.dumps({**vars(row), "members": [vars(m) for m in row.members]}).encode()
+def read_records(fs: fsspec.AbstractFileSystem, root: str) -> dict[int, ManifestRow]:
+    """The manifest rows of :func:`read_converted`'s records, by episode."""
+    return {i: converted.row for i, converted in read_converted(fs, root).items()}
 
 
-def row_from_json(data: bytes) -> ManifestRow:
+def converted_to_json(converted: Converted) -> bytes:
+    row = converted.row
+    raw = {**vars(row), "members": [vars(m) for m in row.members]}
+    if converted.poisons is not None:
+        raw["poisons"] = [p.to_json() for p in converted.poisons]
+    return json.dumps(raw).encode()
+
+
+def converted_from_json(data: bytes) -> Converted:
     raw = json.loads(data)
+    found = raw.pop("poisons", None)
     raw["members"] = [Member(**m) for m in raw["members"]]
-    return ManifestRow(**raw)
+    row = ManifestRow(**raw)
+    poisons = None if found is None else [Poison.from_json(p, "a record") for p in found]
+    return Converted(row, poisons)

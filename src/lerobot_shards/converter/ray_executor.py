@@ -3,8 +3,9 @@
 Each task runs ``job.convert_episode``, the same function the local executor runs, so both write
 the same bytes. The driver keeps at most ``max_in_flight`` tasks submitted and not yet collected
 (so a million-episode dataset never means a million queued tasks or results held at once), and
-yields each task's manifest row as it finishes; ``run.convert`` shows progress and writes the
-manifest and ``index.json`` from them, exactly as for the local executor.
+yields each task's result (its manifest row and findings) as it finishes; ``run.convert`` shows
+progress and writes the manifest and ``index.json`` from them, exactly as for the local
+executor.
 
 Ray retries a task whose worker died (``max_retries``). That is safe because an episode's shard
 appears atomically with the same bytes on every attempt and its resume record is rewritten. An
@@ -17,8 +18,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from types import ModuleType
 
-from lerobot_shards.converter.job import ConvertError, JobArgs, convert_episode, episode_error
-from lerobot_shards.format import ManifestRow
+from lerobot_shards.converter.job import (
+    Converted,
+    ConvertError,
+    JobArgs,
+    convert_episode,
+    episode_error,
+)
 
 INSTALL_HINT = "pip install 'lerobot-shards[ray]'"
 MAX_RETRIES = 3
@@ -44,8 +50,8 @@ def run_ray(
     address: str | None = None,
     max_in_flight: int | None = None,
     max_retries: int = MAX_RETRIES,
-) -> Iterator[ManifestRow]:
-    """Convert ``todo`` as Ray tasks, yielding rows as they finish; the first failure stops.
+) -> Iterator[Converted]:
+    """Convert ``todo`` as Ray tasks, yielding each as it finishes; the first failure stops.
 
     Connects to ``address`` (default: ``RAY_ADDRESS``, else a new local instance) unless Ray is
     already initialised in this process, and shuts down only what it started.
@@ -71,12 +77,12 @@ def run_ray(
             for ref in ready:
                 i = pending.pop(ref)
                 try:
-                    row = ray.get(ref)
+                    converted = ray.get(ref)
                 except ray.exceptions.RayTaskError as exc:
                     raise episode_error(i, exc.cause or exc) from exc
                 except ray.exceptions.RayError as exc:  # e.g. its worker died max_retries times
                     raise ConvertError(f"episode {i}: {type(exc).__name__}: {exc}") from exc
-                yield row
+                yield converted
     finally:
         for ref in pending:
             ray.cancel(ref)

@@ -1,6 +1,6 @@
 """Which episodes a rerun may skip: those whose shard still holds exactly the recorded bytes.
 
-A resume record (``job.read_records``) says an episode's shard was written; it does not say the
+A resume record (``job.read_converted``) says an episode's shard was written; it does not say the
 shard is still intact. A shard may have been truncated, overwritten or had a byte flipped since,
 so a rerun trusts a record only if the shard has the recorded size *and* checksum, and converts
 everything else again. Hashing reads every finished shard once: on a local disk that runs at
@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from lerobot_shards.converter.job import read_records
+from lerobot_shards.converter.job import Converted, read_converted
 from lerobot_shards.format import SHARDS_DIR, ManifestRow, checksum_of, join, new_digest
 
 _PIECE = 4 << 20
@@ -28,10 +28,10 @@ two per core (hashlib and file reads release the GIL)."""
 
 def finished_rows(
     fs: fsspec.AbstractFileSystem, root: str, selected: list[int], hashed: bool = True
-) -> dict[int, ManifestRow]:
-    """Rows of the selected episodes already done: a record exists and its shard has the
-    recorded size and (if ``hashed``) checksum."""
-    records = read_records(fs, root)
+) -> dict[int, Converted]:
+    """The records of the selected episodes already done: a record exists and its shard has
+    the recorded size and (if ``hashed``) checksum."""
+    records = read_converted(fs, root)
     shards_dir = join(root, SHARDS_DIR)
     if not records or not fs.exists(shards_dir):
         return {}
@@ -40,17 +40,17 @@ def finished_rows(
         for path, info in fs.find(shards_dir, detail=True).items()
     }
     sized = [
-        row
+        record
         for i in selected
-        if (row := records.get(i)) is not None and sizes.get(row.shard) == row.size
+        if (record := records.get(i)) is not None and sizes.get(record.row.shard) == record.row.size
     ]
     if not hashed:
-        return {row.episode_index: row for row in sized}
+        return {record.row.episode_index: record for record in sized}
     local = isinstance(fs, LocalFileSystem)
     workers = min(THREADS, 2 * (os.cpu_count() or 1)) if local else THREADS
     with ThreadPoolExecutor(workers) as pool:
-        intact = pool.map(lambda row: _intact(fs, root, row), sized)
-        return {row.episode_index: row for row, ok in zip(sized, intact, strict=True) if ok}
+        intact = pool.map(lambda record: _intact(fs, root, record.row), sized)
+        return {r.row.episode_index: r for r, ok in zip(sized, intact, strict=True) if ok}
 
 
 def _intact(fs: fsspec.AbstractFileSystem, root: str, row: ManifestRow) -> bool:

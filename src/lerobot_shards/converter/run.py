@@ -23,9 +23,10 @@ import os
 import posixpath
 import time
 import uuid
+import warnings
 from collections.abc import Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import fsspec
 import pyarrow as pa
@@ -34,10 +35,12 @@ from fsspec.implementations.local import LocalFileSystem
 from tqdm.auto import tqdm
 
 from lerobot_shards import __version__
+from lerobot_shards.converter.check import read_dataset
 from lerobot_shards.converter.cut import DEFAULT_TOLERANCE_S
 from lerobot_shards.converter.forkserver import worker_context
 from lerobot_shards.converter.job import (
     STATE_DIR,
+    Converted,
     ConvertError,
     JobArgs,
     convert_episode,
@@ -59,13 +62,21 @@ from lerobot_shards.format import (
     STATS_FILE,
     TASKS_FILE,
     DatasetIndex,
+    FormatError,
     ManifestColumns,
-    ManifestRow,
     checksum,
     join,
 )
+from lerobot_shards.poisons import (
+    NON_FINITE,
+    POISONS_FILE,
+    Poison,
+    poisons_json,
+    summary_lines,
+)
 from lerobot_shards.source import Source, open_source
 from lerobot_shards.source.location import resolve_source
+from lerobot_shards.validate import MissingStatsWarning, check_features, check_stats
 
 # ConvertError, JobArgs, convert_episode and STATE_DIR live in ``job`` (``ray_executor`` needs
 # them too) and are importable from here as well.
@@ -89,6 +100,26 @@ class ConvertSummary:
     seconds: float
     decode_check: bool = False
     """Whether each cut's first frame was decoded (what ``line`` says was checked)."""
+    poisons: list[Poison] = field(default_factory=list)
+    """What the dataset's rows hold that poisons training (``poisons.py``), by episode."""
+    unchecked: list[int] = field(default_factory=list)
+    """Episodes whose rows were not checked (finished by an earlier version)."""
+
+    def to_json(self) -> dict:
+        """The summary as a JSON object (``convert --json``)."""
+        out = {k: v for k, v in vars(self).items() if k not in ("poisons", "unchecked")}
+        out["poisons"] = [p.to_json() for p in self.poisons]
+        out["unchecked_episodes"] = list(self.unchecked)
+        return out
+
+    def warnings(self) -> list[str]:
+        """Readable lines about the poisons found (none if none were)."""
+        lines = summary_lines(self.poisons, len(self.unchecked))
+        if not lines:
+            return []
+        return ["warnings (LeRobot reads these; a training run may not survive them):"] + [
+            f"  {line}" for line in lines
+        ]
 
     def line(self) -> str:
         rate = self.written_bytes / 1e6 / self.seconds if self.seconds else 0.0
@@ -117,6 +148,7 @@ def convert(
     max_in_flight: int | None = None,
     decode_check: bool = False,
     trust_finished: bool = False,
+    strict: bool = False,
 ) -> ConvertSummary:
     """Convert a LeRobot dataset (v3.0 or v2.1) at ``source`` into shards at ``dest``.
 
@@ -142,6 +174,10 @@ def convert(
     ``decode_check`` its first frame is also decoded, which catches damaged codec parameters and
     first keyframes in the source for one keyframe decode per episode and camera (off by
     default: about 45% more time per episode). Every frame is decoded by ``verify --deep``.
+
+    The rows are searched for what poisons training (``poisons.py``: non-finite values, action
+    or state dimensions constant over an episode, one-frame episodes), reported in the summary
+    and written to ``poisons.json``; ``strict`` refuses non-finite values.
     """
     started = time.perf_counter()
     if executor not in EXECUTORS:
@@ -157,6 +193,7 @@ def convert(
         import_ray()  # before touching DEST: says how to install Ray if it is missing
     source = resolve_source(str(source))
     src = open_source(source, storage_options)
+    _check_meta(src)
     fs, root = fsspec.core.url_to_fs(str(dest), **(dest_storage_options or {}))
     root = root.rstrip("/") or "/"
     in_memory = "memory" in _protocols(fs) or "memory" in _protocols(src.fs)
@@ -181,11 +218,17 @@ def convert(
         try:
             _prepare_dest(fs, root, options, overwrite)
             done = finished_rows(fs, root, selected, hashed=not trust_finished)
+            if strict:  # every episode checked: those finished unchecked converted again
+                done = {i: c for i, c in done.items() if c.poisons is not None}
+                for converted in done.values():
+                    refuse_non_finite(converted, str(dest))
             todo = [i for i in selected if i not in done]
             rows = ManifestColumns()  # a few hundred bytes a row, not a row object's 2 kB
+            poisons: list[Poison] = []
+            unchecked: list[int] = []
             for i in selected:
                 if i in done:
-                    rows.add(done[i])
+                    _keep(done[i], rows, poisons, unchecked)
             del done
             if executor == "ray":
                 from lerobot_shards.converter.ray_executor import run_ray
@@ -196,10 +239,16 @@ def convert(
                 if in_memory:
                     n_workers = 0
                 finished = _run_local(args, src, todo, n_workers, max_in_flight)
-            written = _collect(finished, rows, len(selected), len(todo), progress, lock)
+            refused = str(dest) if strict else None
+            written = _collect(
+                finished, rows, poisons, unchecked, len(selected), len(todo), progress, lock,
+                refused,
+            )  # fmt: skip
+            poisons.sort(key=lambda p: p.episode_index)  # stable: each episode's in its order
+            unchecked.sort()
             _remove_temp_files(fs, root, args.run_id)  # of workers that died mid-write
             lock.check()
-            _write_dataset_files(fs, root, src, rows)
+            _write_dataset_files(fs, root, src, rows, poisons_json(poisons, unchecked))
         except OSError as exc:
             if exc.errno == errno.ENOSPC:
                 raise no_space(str(dest), "writing the dataset's files", exc) from exc
@@ -213,28 +262,37 @@ def convert(
         written_bytes=written,
         seconds=time.perf_counter() - started,
         decode_check=decode_check,
+        poisons=poisons,
+        unchecked=unchecked,
     )
 
 
 def _collect(
-    finished: Iterator[ManifestRow],
+    finished: Iterator[Converted],
     rows: ManifestColumns,
+    poisons: list[Poison],
+    unchecked: list[int],
     total: int,
     todo: int,
     progress: bool,
     lock: DestinationLock,
+    strict_dest: str | None = None,
 ) -> int:
-    """Add the rows of ``finished`` to ``rows`` as they come, with progress; returns the shard
-    bytes written. Stops if the lock was lost."""
+    """Add the episodes of ``finished`` to ``rows``, ``poisons`` and ``unchecked`` as they
+    come (:func:`_keep`), with progress; returns the shard bytes written. Stops if the lock was
+    lost, or (``strict_dest``: ``--strict``) at the first episode with non-finite values."""
     written = 0
     with tqdm(
         total=total, initial=total - todo, unit="ep", desc="convert", disable=not progress,
         smoothing=0.1,
     ) as bar:  # fmt: skip
         run_started = time.perf_counter()
-        for row in finished:
+        for converted in finished:
             lock.check()
-            rows.add(row)
+            if strict_dest is not None:
+                refuse_non_finite(converted, strict_dest)
+            row = converted.row
+            _keep(converted, rows, poisons, unchecked)
             written += row.size
             bar.update(1)
             elapsed = time.perf_counter() - run_started
@@ -242,9 +300,45 @@ def _collect(
     return written
 
 
+def _keep(
+    converted: Converted, rows: ManifestColumns, poisons: list[Poison], unchecked: list[int]
+) -> None:
+    """What the dataset's files need of a finished episode: its row (as columns), its poisons,
+    whether its rows were checked; nothing per episode beyond that."""
+    rows.add(converted.row)
+    if converted.poisons is None:
+        unchecked.append(converted.row.episode_index)
+    else:
+        poisons += converted.poisons
+
+
+def refuse_non_finite(converted: Converted, dest: str) -> None:
+    """``--strict``: an episode whose rows hold a NaN or an Inf is refused, naming the feature,
+    the episode and the first index (its shard stays, and a run without ``--strict`` finishes
+    the dataset)."""
+    for poison in converted.poisons or ():
+        if poison.kind == NON_FINITE:
+            raise ConvertError(
+                f"{dest}: --strict refuses non-finite values: {poison} (LeRobot reads them as "
+                "they are; a training run's loss turns NaN)"
+            )
+
+
 # --------------------------------------------------------------------------------------------
 # options and the destination's state
 # --------------------------------------------------------------------------------------------
+
+
+def _check_meta(src: Source) -> None:
+    """The reader's checks of the features and the statistics, on the source's, before any
+    episode is converted: a problem there shows now, naming the source's file, not after the
+    last episode (what is written is checked again before index.json)."""
+    try:
+        check_features(src.features, src.path(INFO_FILE))
+        if src.stats is not None:
+            check_stats(src.stats, src.features, src.path(STATS_FILE))
+    except FormatError as exc:
+        raise ConvertError(str(exc)) from exc
 
 
 def _select(src: Source, episodes: Iterable[int] | None) -> list[int]:
@@ -367,8 +461,8 @@ def batches(todo: list[int], workers: int, max_size: int = MAX_BATCH) -> list[li
 
 def _run_local(
     args: JobArgs, src: Source, todo: list[int], workers: int, in_flight: int | None
-) -> Iterator[ManifestRow]:
-    """Convert the episodes here or in a process pool, yielding rows as they finish; the first
+) -> Iterator[Converted]:
+    """Convert the episodes here or in a process pool, yielding each as it finishes; the first
     failure stops the run. ``in_flight`` bounds the episodes submitted and not yet collected
     (default: two tasks per worker)."""
     if not todo:
@@ -424,9 +518,10 @@ def _run_local(
 
 
 def _write_dataset_files(
-    fs: fsspec.AbstractFileSystem, root: str, src: Source, rows: ManifestColumns
+    fs: fsspec.AbstractFileSystem, root: str, src: Source, rows: ManifestColumns, poisons: bytes
 ) -> None:
-    """meta/, manifest.parquet, then index.json (last: its presence marks a finished dataset).
+    """meta/, manifest.parquet, poisons.json, then index.json (last: its presence marks a
+    finished dataset).
 
     Each is replaced whole and only if its bytes change, so a rerun of a finished dataset
     writes nothing and a rerun killed at any point leaves it readable.
@@ -443,6 +538,7 @@ def _write_dataset_files(
         _put(fs, join(root, TASKS_FILE), tasks_parquet(src.tasks))
     manifest = rows.parquet()
     _put(fs, join(root, MANIFEST_FILE), manifest)
+    _put(fs, join(root, POISONS_FILE), poisons)
     index = DatasetIndex(
         codebase_version=src.codebase_version,
         fps=src.fps,
@@ -455,6 +551,12 @@ def _write_dataset_files(
         video_keys=list(src.video_keys),
         manifest_checksum=checksum(manifest),
     )
+    try:  # the reader's checks of what it will read, before index.json says it may
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", MissingStatsWarning)  # _check_meta said it
+            read_dataset(fs, root, root, index.to_json())
+    except FormatError as exc:
+        raise ConvertError(str(exc)) from exc
     _put(fs, join(root, INDEX_FILE), index.to_json())
 
 

@@ -22,6 +22,7 @@ from typing import BinaryIO
 
 import fsspec
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from fsspec.implementations.local import LocalFileSystem
 
@@ -37,6 +38,7 @@ from lerobot_shards.format import (
     shard_path,
 )
 from lerobot_shards.source import Source
+from lerobot_shards.validate import check_camera, check_header_cameras, check_rows
 
 TAR_MTIME = 0
 """Fixed member mtime: converting the same episode twice gives byte-identical tars."""
@@ -127,11 +129,15 @@ def episode_members(
     videos: SourceVideos,
     then: Sequence[int] = (),
     decode_check: bool = False,
+    shard: str | None = None,
 ) -> tuple[EpisodeHeader, list[tuple[str, bytes]]]:
-    """The episode's header and its members as ``(extension, bytes)``, in tar order.
+    """The episode's header and its members as ``(extension, bytes)``, in tar order, checked
+    as the reader checks them (``validate.py``), so a conversion that completes is one the
+    reader reads; the rows go in the shards' Arrow types (``validate.check_rows``).
 
     ``then``: the episodes this process converts next (their rows are read along);
-    ``decode_check``: decode each cut's first frame (``cut``).
+    ``decode_check``: decode each cut's first frame (``cut``); ``shard``: the path the reader
+    will name in its errors (default: the shard's path relative to the destination).
     """
     ep = source.episode(episode_index)
     rows = source.read_rows(episode_index, then=then)
@@ -142,7 +148,11 @@ def episode_members(
         length=ep.length,
         dataset_from_index=ep.dataset_from_index,
         dataset_to_index=ep.dataset_to_index,
-        tasks=list(ep.tasks),
+        tasks=list(ep.tasks) if ep.tasks is not None else _row_tasks(rows, source.tasks),
+    )
+    in_shard = f"{shard or shard_path(episode_index)} (episode {episode_index})"  # the reader's
+    rows = check_rows(
+        rows, source.features, header, source.tasks, in_shard, source.fps, tolerance_s
     )
     for key in source.video_keys:
         span = ep.videos[key]
@@ -156,10 +166,21 @@ def episode_members(
             decode_check=decode_check,
         )
         header.cameras[key] = cut.camera
+        check_camera(cut.camera, source.features[key], ep.length, key, in_shard)
         members.append((f"{key}.mp4", cut.data))
+    check_header_cameras(header, source.features, in_shard)
     parquet = io.BytesIO()
     pq.write_table(rows, parquet)
     return header, [("json", header.to_json()), ("parquet", parquet.getvalue()), *members]
+
+
+def _row_tasks(rows: pa.Table, tasks: Sequence[str]) -> list[str]:
+    """The tasks of an episode's rows (their task_index), first use first: where the episode
+    table names none (LeRobot's image-to-video conversion writes no ``tasks`` column)."""
+    if "task_index" not in rows.column_names:
+        return []
+    used = pc.unique(rows.column("task_index")).to_pylist()
+    return [tasks[i] for i in used if isinstance(i, int) and 0 <= i < len(tasks)]
 
 
 def _timestamps(rows: pa.Table, source: Source, episode_index: int) -> list[float]:
@@ -215,11 +236,11 @@ def write_episode_shard(
     """Convert one episode into ``root/shards/CCC/episode-EEEEEE.tar`` and return its row
     (``then``, ``decode_check``: see ``episode_members``; ``run_id`` goes into the temporary
     file's name)."""
-    header, members = episode_members(
-        source, episode_index, tolerance_s, videos, then, decode_check
-    )
     relative = shard_path(episode_index)
     final = join(root, relative)
+    header, members = episode_members(
+        source, episode_index, tolerance_s, videos, then, decode_check, shard=final
+    )
     local = isinstance(fs, LocalFileSystem)
     if local:
         os.makedirs(os.path.dirname(final), exist_ok=True)

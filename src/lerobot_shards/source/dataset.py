@@ -18,6 +18,7 @@ from torch.utils.data import Dataset
 from lerobot_shards.items import EpisodeColumns, ItemSpec, delta_indices
 from lerobot_shards.source.layout import EpisodeInfo, Source, SourceError, open_source
 from lerobot_shards.source.video import DecoderCache
+from lerobot_shards.validate import canonical_rows, row_keys
 
 
 class LeRobotSource(Dataset):
@@ -143,7 +144,10 @@ class LeRobotSource(Dataset):
         columns = self._columns.get(ep.episode_index)
         if columns is None:
             table = self.source.read_rows(ep.episode_index)
-            columns = EpisodeColumns.from_table(table, self.spec.image_keys)
+            where = f"{self.source.path(ep.data_path)} (episode {ep.episode_index})"
+            table = canonical_rows(table, self.features, where)  # as LeRobot casts them
+            present = [k for k in row_keys(self.source.features) if k in table.column_names]
+            columns = EpisodeColumns.from_table(table.select(present), self.spec.image_keys)
             self._columns[ep.episode_index] = columns
             while len(self._columns) > self._episode_cache_size:
                 self._columns.popitem(last=False)

@@ -24,7 +24,13 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from fsspec.implementations.local import LocalFileSystem
 
+from lerobot_shards.format import FormatError
+from lerobot_shards.validate import check_features
+
 SUPPORTED_VERSIONS = ("v3.0", "v2.1")
+STORAGE_FORMATS = (None, "lerobot")
+"""``storage_format`` values of LeRobot's own parquet layout (absent: the default). LeRobot's
+main branch also reads ``"lance"``, rows stored as a Lance table, which this package does not."""
 INFO_FILE = "meta/info.json"
 STATS_FILE = "meta/stats.json"
 
@@ -50,7 +56,8 @@ class EpisodeInfo:
     length: int
     dataset_from_index: int
     dataset_to_index: int
-    tasks: list[str]
+    tasks: list[str] | None
+    """None where the episode table names none (the rows' task_index then say them)."""
     data_path: str
     """Parquet file holding the episode's rows, relative to the root."""
     videos: dict[str, VideoSpan] = field(default_factory=dict)
@@ -148,10 +155,15 @@ class Source:
             raise SourceError(f"{self.path(relative)}: not valid JSON lines: {exc}") from exc
 
     def _read_parquet(
-        self, full: str, columns: list[str] | None = None, what: str = "file"
+        self,
+        full: str,
+        columns: list[str] | None = None,
+        what: str = "file",
+        optional: Sequence[str] = (),
     ) -> pa.Table:
         """A whole (small, metadata) parquet file, by its full path on ``self.fs``; ``columns``
-        must all be there (``what`` names the file in that error).
+        must all be there (``what`` names the file in that error), and those of ``optional``
+        that are there are read too.
 
         Through ``ParquetFile``, not ``pq.read_table``, whose dataset machinery imports pandas
         (a third of a second at every start of the converter and of each of its workers).
@@ -162,6 +174,8 @@ class Source:
                 missing = [c for c in columns or () if c not in pf.schema_arrow.names]
                 if missing:
                     raise SourceError(f"{full}: {what} lacks columns {missing}")
+                if columns is not None:
+                    columns = [*columns, *(c for c in optional if c in pf.schema_arrow.names)]
                 return pf.read(columns=columns)
         except FileNotFoundError as exc:
             raise SourceError(f"{full}: file not found") from exc
@@ -209,6 +223,28 @@ class Source:
                 f"the episode table says {ep.length}"
             )
         return table
+
+    def rows_held(self, episode_index: int) -> tuple[pa.Table, np.ndarray] | None:
+        """The rows :meth:`read_rows` last read, and each row's episode, if they hold all of
+        ``episode_index``'s rows (its read read them, or one just before it read ahead): work
+        done once on them serves the many episodes a read holds. None if they do not."""
+        ep = self.episode(episode_index)
+        last = self._last_rows
+        if last is None or last[0] != ep.data_path:
+            return None
+        if self.codebase_version == "v3.0":
+            groups = self._row_group_index(ep.data_path).groups(ep.episode_index)
+            if groups is None or last[1] is None or not last[1] >= set(groups):
+                return None
+        elif last[1] is not None:
+            return None
+        table = last[2]
+        episodes = last[3]
+        if episodes is None:
+            if "episode_index" not in table.column_names:
+                return None
+            episodes = table.column("episode_index").to_numpy()
+        return table, episodes
 
     def _read_row_groups(
         self, ep: EpisodeInfo, then: Sequence[int]
@@ -288,15 +324,20 @@ class Source:
         files = sorted(self.fs.glob(pattern))
         if not files:
             raise SourceError(f"{self.path('meta/episodes')}: no episode parquet files")
-        wanted = ["episode_index", "tasks", "length", "dataset_from_index", "dataset_to_index"]
+        wanted = ["episode_index", "length", "dataset_from_index", "dataset_to_index"]
         wanted += ["data/chunk_index", "data/file_index"]
         for key in self.video_keys:
             wanted += [f"videos/{key}/{c}" for c in _VIDEO_COLUMNS]
         # Only the columns we need: the stats/... columns are most of the bytes. The files are
         # read concurrently (pyarrow reads without the GIL; an object store answers in parallel).
         with ThreadPoolExecutor(min(16, len(files))) as pool:
-            tables = list(pool.map(lambda f: self._read_parquet(f, wanted, "episode table"), files))
-        rows = pa.concat_tables(tables).sort_by("episode_index").to_pydict()
+            # LeRobot's image-to-video conversion writes no tasks: the rows' task_index say them
+            tables = list(
+                pool.map(lambda f: self._read_parquet(f, wanted, "episode table", ["tasks"]), files)
+            )
+        table = pa.concat_tables(tables, promote_options="default").sort_by("episode_index")
+        rows = table.to_pydict()
+        no_tasks = [None] * table.num_rows
         data_tpl = self.info["data_path"]
         video_tpl = self.info.get("video_path")
         paths: dict[tuple, str] = {}  # episodes share files: format each path once
@@ -327,7 +368,7 @@ class Source:
                 length=rows["length"][i],
                 dataset_from_index=rows["dataset_from_index"][i],
                 dataset_to_index=rows["dataset_to_index"][i],
-                tasks=list(rows["tasks"][i]),
+                tasks=None if rows.get("tasks", no_tasks)[i] is None else list(rows["tasks"][i]),
                 data_path=path(
                     data_tpl,
                     chunk_index=rows["data/chunk_index"][i],
@@ -515,4 +556,22 @@ def open_source(root: str, storage_options: dict | None = None) -> Source:
     for key in ("fps", "features", "data_path"):
         if key not in info:
             raise SourceError(f"{root}: {INFO_FILE} lacks {key!r}")
+    check_readable(info, f"{root}: {INFO_FILE}")
     return Source(str(root), fs, fs_root, info)
+
+
+def check_readable(info: dict[str, Any], where: str) -> None:
+    """Refuse, by name, what the reader cannot read, before anything is converted: rows stored
+    other than as LeRobot's parquet files (``storage_format``), a feature of a type the reader
+    does not know (the reader's own check of the features, ``validate.check_features``)."""
+    storage = info.get("storage_format")
+    if storage not in STORAGE_FORMATS:
+        raise SourceError(
+            f"{where}: storage_format {storage!r}: the rows are stored as {storage}, not as "
+            "LeRobot's parquet files, which are all lerobot-shards converts (storage_format "
+            "absent or 'lerobot')"
+        )
+    try:
+        check_features(info["features"], where)
+    except FormatError as exc:
+        raise SourceError(str(exc)) from exc

@@ -19,6 +19,9 @@ What the functions do differently from torch's:
   shared-memory file and a connection of its own. Here the cameras (and any other large
   column) go through the worker's reused shared segments (``transfer.py``) and the small
   columns by value, in the batch's own message.
+- In the loader's process, where batches mixing every worker's rows are collated
+  (``rows.py``), a camera's frames that lie in consecutive rows of one shared slot are
+  returned as a view of those rows: the workers wrote them there, nobody copies them.
 """
 
 from __future__ import annotations
@@ -40,6 +43,9 @@ class CameraFrames(transfer.TaggedTensor):
 
     camera: str
     """The item's key for these frames."""
+    rows: tuple[torch.Tensor, int] | None = None
+    """In the loader's process, frames of a mixed batch: the tensor of the batch's rows of this
+    camera and which row these frames are (``rows.unpack``)."""
 
 
 class ItemTensor(transfer.TaggedTensor):
@@ -47,9 +53,9 @@ class ItemTensor(transfer.TaggedTensor):
     ``default_collate`` with :func:`collate_item_tensors`. In all else a plain tensor."""
 
 
-class _ByValue(transfer.TaggedTensor):
-    """A small batched tensor that a DataLoader worker sends by value, in the batch's own
-    message, rather than through a shared-memory file and a connection of its own."""
+class ByValue(transfer.TaggedTensor):
+    """A small tensor that a DataLoader worker sends by value, in its message, rather than
+    through a shared-memory file and a connection of its own."""
 
     def __reduce_ex__(self, protocol):
         return torch.from_numpy, (self.as_subclass(torch.Tensor).numpy(),)
@@ -83,7 +89,21 @@ def channels_last_view(value: object) -> bool:
 def collate_frames(batch: Sequence[torch.Tensor], *, collate_fn_map=None) -> torch.Tensor:
     """``default_collate``'s function for :class:`CameraFrames`: the frames stacked channel-last
     (no transposing copy), as a channel-first tensor."""
+    whole = getattr(batch[0], "rows", None)
+    whole = None if whole is None else whole[0]
+    if (
+        whole is not None
+        and len(whole) == len(batch)
+        and all(
+            getattr(f, "rows", None) is not None and f.rows[0] is whole and f.rows[1] == n
+            for n, f in enumerate(batch)
+        )
+    ):
+        return whole  # every row of a shared batch, in order: it is the batch
     plain = [f.as_subclass(torch.Tensor) for f in batch]
+    in_place = rows_in_place(plain) if get_worker_info() is None else None
+    if in_place is not None:
+        return in_place
     if not all(channels_last_view(f) and f.shape == plain[0].shape for f in plain):
         return default_collate_fn_map[torch.Tensor](plain, collate_fn_map=collate_fn_map)
     frames = [f.movedim(-3, -1) for f in plain]
@@ -104,6 +124,28 @@ def collate_frames(batch: Sequence[torch.Tensor], *, collate_fn_map=None) -> tor
     return out.movedim(-1, -3)
 
 
+def rows_in_place(tensors: Sequence[torch.Tensor]) -> torch.Tensor | None:
+    """The tensors stacked, as a view, if they already lie one after the other in one memory
+    (rows of a shared batch slot, ``rows.py``); else None. Channel-last frames stay so."""
+    first = tensors[0]
+    memory = [t.movedim(-3, -1) for t in tensors] if channels_last_view(first) else tensors
+    head = memory[0]
+    if not head.is_contiguous() or not head.numel():
+        return None
+    storage, step = head.untyped_storage().data_ptr(), head.nbytes
+    for n, t in enumerate(memory):
+        if not (
+            t.shape == head.shape
+            and t.dtype == head.dtype
+            and t.is_contiguous()
+            and t.untyped_storage().data_ptr() == storage
+            and t.data_ptr() == head.data_ptr() + n * step
+        ):
+            return None
+    stacked = head.as_strided((len(memory), *head.shape), (head.numel(), *head.stride()))
+    return stacked.movedim(-1, -3) if memory is not tensors else stacked
+
+
 def collate_item_tensors(batch: Sequence[torch.Tensor], *, collate_fn_map=None) -> torch.Tensor:
     """``default_collate``'s function for :class:`ItemTensor`: stacked as torch stacks them; in
     a DataLoader worker, small batches are sent by value and large ones through the worker's
@@ -119,7 +161,7 @@ def collate_item_tensors(batch: Sequence[torch.Tensor], *, collate_fn_map=None) 
         return default_collate_fn_map[torch.Tensor](plain, collate_fn_map=collate_fn_map)
     out = torch.empty((len(plain), *first.shape), dtype=first.dtype)
     np.stack([v.numpy() for v in plain], out=out.numpy())
-    return out.as_subclass(_ByValue)
+    return out.as_subclass(ByValue)
 
 
 def collate(batch: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

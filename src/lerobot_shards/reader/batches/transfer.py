@@ -143,7 +143,8 @@ def _aligned(n: int) -> int:
     return -(-n // _ALIGN) * _ALIGN
 
 
-def _shareable(value: object) -> bool:
+def shareable(value: object) -> bool:
+    """A plain CPU tensor of a dtype numpy has, without grad: it can be shared as bytes."""
     return (
         type(value) is torch.Tensor
         and value.device.type == "cpu"
@@ -161,10 +162,10 @@ def _first(values: object) -> torch.Tensor | None:
     if type(values) is not list or not values:
         return None
     first = values[0]
-    if not _shareable(first):
+    if not shareable(first):
         return None
     for v in values:
-        if not _shareable(v) or v.dtype != first.dtype or v.shape != first.shape:
+        if not shareable(v) or v.dtype != first.dtype or v.shape != first.shape:
             return None
     return first
 

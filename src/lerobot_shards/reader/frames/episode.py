@@ -44,6 +44,7 @@ from lerobot_shards.validate import (
     check_tar_member,
     frame_size,
     parse_header,
+    row_keys,
 )
 
 
@@ -266,10 +267,10 @@ def load_episode(
         raise FormatError(f"{where}: rows parquet does not parse: {exc}") from exc
     if table.num_rows != length:
         raise FormatError(f"{where}: rows parquet has {table.num_rows} rows, expected {length}")
-    check_rows(table, features, header, tasks, where, fps, tolerance_s)
+    table = check_rows(table, features, header, tasks, where, fps, tolerance_s)
     check_header_cameras(header, features, where)
     sizes = {key: frame_size(features[key]) for key in spec.image_keys}
-    columns = EpisodeColumns.from_table(table, spec.image_keys, sizes)
+    columns = EpisodeColumns.from_table(table.select(row_keys(features)), spec.image_keys, sizes)
 
     cameras: dict[str, CameraFrames] = {}
     for key in spec.video_keys:

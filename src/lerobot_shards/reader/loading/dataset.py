@@ -23,11 +23,13 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from lerobot_shards.items import ItemSpec
+from lerobot_shards.reader.batches.rows import RowArena
 from lerobot_shards.reader.fetch.cache import default_cache_dir
 from lerobot_shards.reader.fetch.cached import CachedReads
 from lerobot_shards.reader.frames.allocator import tune_worker_malloc
 from lerobot_shards.reader.frames.decode import check_backend
 from lerobot_shards.reader.loading.accelerate_guard import refuse_accelerate_resharding
+from lerobot_shards.reader.loading.mixed import Mixing, Segment, ring_writer, segments
 from lerobot_shards.reader.loading.node_cache import NodeSchedule
 from lerobot_shards.reader.loading.stream import StreamOptions, decode_thread_count, stream_part
 from lerobot_shards.reader.loading.worker_epochs import WorkerEpochs
@@ -368,7 +370,11 @@ class ShardedLeRobotDataset(IterableDataset):
         self._worker_epochs.moved_here()
 
     def state_dict(
-        self, num_samples: int | None = None, batch_size: int | None = None
+        self,
+        num_samples: int | None = None,
+        batch_size: int | None = None,
+        *,
+        mixed_batches: bool = False,
     ) -> dict[str, Any]:
         """What the consumer has taken, in the state format of ``reader/plan/state.py``.
 
@@ -377,22 +383,26 @@ class ShardedLeRobotDataset(IterableDataset):
         set ``ds.num_workers`` to the loader's ``num_workers`` so the state records it (an
         elastic resume needs it). Without it, what this object yielded (direct iteration), or,
         inside a DataLoader worker (torchdata's StatefulDataLoader), that worker's own position.
+        ``mixed_batches``: the batches took every worker's samples in turn (what a
+        :class:`ShardedDataLoader` that mixes says; a plain DataLoader's batches do not).
         """
-        ctx = self._context()
+        ctx = self._context(mixed_batches)
         if num_samples is not None and not ctx.in_worker:
             self._worker_epochs.check_state()
         return self._position.state(
             ctx, self.fingerprint, num_samples, batch_size, self.num_workers
         )
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any], *, mixed_batches: bool = False) -> None:
         """Make the next iteration yield exactly what followed the state's position.
 
         A state taken under another layout (world size, DataLoader workers) or other ordering
         settings resumes elastically: the rest of its epoch, split over this layout.
+        ``mixed_batches``: the next iteration's batches take every worker's samples in turn
+        (a :class:`ShardedDataLoader` that mixes passes it; load through it).
         """
         where = f"{self.root} (with {self.num_episodes} selected episodes)"
-        ctx = self._context()
+        ctx = self._context(mixed_batches)
         first = part_index(self._layout()[0], ctx.world_size, 0, ctx.workers)[0]
         self._position.load(state, ctx, self.fingerprint, self._planner, where, first)
         self._worker_epochs.moved_here()
@@ -400,10 +410,21 @@ class ShardedLeRobotDataset(IterableDataset):
     # ------------------------------------------------------------------ iteration
 
     def __iter__(self) -> Iterator[dict]:
+        return self._iterate(None)
+
+    def segments(self, mixing: Mixing) -> Iterator[Segment]:
+        """In a :class:`ShardedDataLoader`'s DataLoader worker whose batches mix every worker's
+        samples: this worker's rows of each batch (``reader/loading/mixed.py``)."""
+        if get_worker_info() is None:
+            raise RuntimeError("segments of mixed batches are made in DataLoader workers")
+        return self._iterate(mixing)
+
+    def _iterate(self, mixing: Mixing | None) -> Iterator[Any]:
+        """This process's stream: items, or with ``mixing``, its segments of mixed batches."""
         in_worker = get_worker_info() is not None
         if in_worker:
             tune_worker_malloc()  # allocator.py says why
-        ctx = self._context()
+        ctx = self._context(mixing is not None)
         refuse_accelerate_resharding(ctx.world_size)
         if in_worker and self.num_workers not in (0, ctx.workers):
             raise ValueError(
@@ -447,7 +468,19 @@ class ShardedLeRobotDataset(IterableDataset):
         trace = None
         if self.trace_dir is not None:
             trace = TraceWriter(self.trace_dir, f"rank {rank} worker {ctx.worker}")
-        return stream_part(
+        arena = None
+        if mixing is not None:
+            interleave = cursor.interleave
+            if interleave is None:
+                raise RuntimeError("mixed batches need two DataLoader workers or more")
+            writer = ring_writer(mixing.ring)
+            arena = RowArena(
+                writer,
+                interleave.places(ctx.worker, mixing.batch_size),
+                0 if writer is None else writer.base(),
+                decode_into=options.shared_batches,
+            )
+        items = stream_part(
             part,
             following,
             cursor,
@@ -459,7 +492,11 @@ class ShardedLeRobotDataset(IterableDataset):
             trace=trace,
             next_part=next_part,
             node=node,
+            place=None if arena is None else arena.slots,
         )
+        if mixing is None:
+            return items
+        return segments(items, arena, interleave, mixing.batch_size)
 
     def fill_cache(
         self, epoch: int = 0, threads: int = 8, progress: bool = True
@@ -531,8 +568,9 @@ class ShardedLeRobotDataset(IterableDataset):
             name=self.catalog.describe,
         )
 
-    def _context(self) -> Context:
-        """This process's layout and order settings, what states are taken and loaded against."""
+    def _context(self, mixed_batches: bool = False) -> Context:
+        """This process's layout and order settings, what states are taken and loaded against
+        (``mixed_batches``: by a loader whose batches take every worker's samples in turn)."""
         _, world, worker, workers = self._layout()
         budget = self._budget(workers).pool
         ordering = Ordering(
@@ -545,7 +583,7 @@ class ShardedLeRobotDataset(IterableDataset):
             self.node_affinity,
         )
         in_worker = get_worker_info() is not None
-        return Context(world, worker, workers, in_worker, ordering, self._nodes())
+        return Context(world, worker, workers, in_worker, ordering, self._nodes(), mixed_batches)
 
     def _decode_threads(self, processes: int) -> int:
         if self.video_backend != "pyav" or not any(m.spec.video_keys for m in self.datasets):

@@ -14,7 +14,7 @@ epoch's), draws from the episodes already loaded go on.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -86,12 +86,16 @@ def stream_part(
     trace: TraceWriter | None = None,
     next_part: Callable[[], Part] | None = None,
     node: NodeSchedule | None = None,
+    place: Callable[[], Mapping[str, Any] | None] | None = None,
 ) -> Iterator[dict]:
     """The items of ``part`` from ``cursor.offset`` on (then, with ``ordering.repeat``, of the
     ``following`` epochs' parts), moving ``cursor`` along and recording peaks in ``stats``
     (and, with ``trace``, where the time goes: ``trace.py``). When the part ends, the part
     ``next_part()`` returns (the next epoch's) is warmed up (``warm_start.py``). With ``node``,
-    episodes are read through the node-local cache (``node_cache.py``)."""
+    episodes are read through the node-local cache (``node_cache.py``). ``place()``, called
+    once per item just before it is made, says where its frames go (a mixed batch's rows:
+    ``batches/rows.py``); without it, in a DataLoader worker with ``options.shared_batches``,
+    the next batch's slots of the worker's own arena (``batches/transfer.py``)."""
     from_cache_before = stats["frames_from_cache"]
     # what the last part's end prepared for this very stream (another's is dropped)
     warmed = warm_start.claim(part, catalog, ordering, options.backend)
@@ -166,8 +170,9 @@ def stream_part(
     )
     threads = options.decode_threads
     decoder = ThreadPoolExecutor(threads, "lerobot-shards-decode") if threads else None
-    pool = transfer.worker_pool() if options.shared_batches else None
-    arena = pool.arena if pool is not None else None
+    if place is None and options.shared_batches:
+        pool = transfer.worker_pool()
+        place = pool.arena.slots if pool is not None else None
     loading: dict[tuple[int, int], Future] = {}  # admitted, not yet needed
     resident: dict[tuple[int, int], tuple[Episode, Member]] = {}
     fetched = 0
@@ -214,7 +219,7 @@ def stream_part(
                                 episode.schedule(at, owner.spec, decoder)
                             ahead += 1
                     episode, member = ready(key)
-                    slots = arena.slots() if arena is not None else None
+                    slots = place() if place is not None else None
                     item = episode.item(position, member.spec, member.meta.task_names, slots)
                     drawn += 1
                     memory = fetched + cache.nbytes

@@ -4,7 +4,8 @@ Pure and numpy only: nothing here fetches or decodes. A checkpoint names a layou
 DataLoader workers), the settings that shape the order (:class:`Ordering`), an epoch and the
 samples every rank's consumer took (``offset``, equal on every rank: a DDP checkpoint is taken
 at the same step everywhere). Each old part's share of that offset follows from the
-DataLoader's round-robin over workers (:func:`consumed_per_worker`), and the frames it consumed
+DataLoader's round-robin over workers (:func:`consumed_per_worker`; sample by sample where a
+batch mixes every worker's samples: ``interleave.py``), and the frames it consumed
 are the first draws of its plan, found by replaying the planner (:func:`drawn`).
 
 The rest of the epoch is the epoch's frames minus those consumed. :meth:`Planner.rest_parts`
@@ -168,6 +169,9 @@ class Checkpoint:
     layout: Layout
     ordering: Ordering
     origin: Checkpoint | None = None
+    mixed_batches: bool = False
+    """Each batch held every worker's samples, taken one at a time in turn (``interleave.py``):
+    the round robin over workers went sample by sample, not batch by batch."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -495,9 +499,8 @@ class Planner:
             for rank in range(c.layout.world_size):
                 mine = range(rank * workers, (rank + 1) * workers)
                 per_worker = [located[q][0].num_samples for q in mine]
-                taken, _ = consumed_per_worker(
-                    c.offset, per_worker, c.batch_size, c.ordering.repeat
-                )
+                unit = 1 if c.mixed_batches else c.batch_size
+                taken, _ = consumed_per_worker(c.offset, per_worker, unit, c.ordering.repeat)
                 for q, t in zip(mine, taken, strict=True):
                     part, k, _ = self.locate(c.origin, c.epoch, c.ordering, parts, q, t, nodes)
                     where.append((part, k))

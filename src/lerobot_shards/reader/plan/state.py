@@ -41,6 +41,10 @@ The state format: a plain dict (JSON-serialisable).
   iterated in process). A full state without them (``num_workers`` None, written by earlier
   versions when it was unknown) is refused: nothing can make its resume exact. ``nodes``: the
   nodes its ranks ran on (a state without it, from earlier versions, ran on one).
+- ``mixed_batches``: the rank's batches took every DataLoader worker's samples one at a time in
+  turn (``interleave.py``: a ``ShardedDataLoader``'s default), so the round robin that says what
+  each worker had produced went sample by sample; False (or absent, in states of earlier
+  versions): each batch came from one worker.
 - ``seed``, ``shuffle``, ``buffer_size``, ``byte_budget`` (bytes or None), ``pad``, ``repeat``,
   ``node_affinity`` (False when absent): the settings that shape the order. ``byte_budget`` is
   each part's pool budget for fetched episodes: the rank's ``byte_budget_gb`` split over the
@@ -60,7 +64,8 @@ assuming the current layout and settings; having no fingerprint, it warns
 offset is past the end of its epoch is refused. A full state whose layout and settings match the
 current ones resumes the very same stream. Otherwise (another world size, another number of
 DataLoader workers, another seed, pool size, budget, padding or repeat, node affinity turned on
-or off, or, with node affinity, another number of nodes) the resume is elastic
+or off, or, with node affinity, another number of nodes, batches mixed or not) the resume is
+elastic
 (``elastic.py``): the frames the checkpoint consumed are found by replaying the old layout's
 planner (first draws of each old part), and the rest of the epoch is split over the new layout,
 every frame still exactly once, every part still yielding the same number of samples; the next
@@ -85,6 +90,7 @@ from lerobot_shards.reader.plan.elastic import (
     Planner,
     consumed_per_worker,
 )
+from lerobot_shards.reader.plan.interleave import Interleave
 
 
 @dataclass
@@ -103,6 +109,9 @@ class Cursor:
     stream_offset: int
     """Samples since the stream began (at ``stream_epoch``, or at the rest's start)."""
     num_workers: int
+    interleave: Interleave | None = None
+    """With mixed batches: where this iteration's samples of every worker go (``interleave.py``);
+    the iterating worker is its lane ``Context.worker``."""
 
     def advance(self, part: Part) -> None:
         """Move to the start of ``part``, the next epoch's (the stream ran on into it)."""
@@ -121,6 +130,7 @@ def describe(
     fingerprint: str,
     origin: Checkpoint | None = None,
     nodes: int = 1,
+    mixed_batches: bool = False,
 ) -> dict[str, Any]:
     """A state dict in the format the module docstring describes."""
     state = {
@@ -137,6 +147,7 @@ def describe(
         "pad": ordering.pad,
         "repeat": ordering.repeat,
         "node_affinity": ordering.node_affinity,
+        "mixed_batches": mixed_batches,
         "fingerprint": fingerprint,
     }
     if origin is not None:
@@ -151,6 +162,7 @@ def describe(
             fingerprint,
             c.origin,
             c.layout.nodes,
+            c.mixed_batches,
         )
     return state
 
@@ -182,6 +194,7 @@ def checkpoint_of(state: Mapping[str, Any]) -> Checkpoint:
                 bool(state.get("node_affinity", False)),
             ),
             origin=None if origin is None else checkpoint_of(origin),
+            mixed_batches=bool(state.get("mixed_batches", False)),
         )
     except KeyError as exc:
         raise ValueError(f"this state lacks {exc.args[0]!r}: {dict(state)}") from None
@@ -205,6 +218,9 @@ class Context:
     ordering: Ordering
     nodes: int = 1
     """Nodes the ranks run on (``world_size / nodes`` consecutive ranks each)."""
+    mixed_batches: bool = False
+    """The rank's batches take every worker's samples in turn (``interleave.py``): a
+    ``ShardedDataLoader``'s, whose workers write their rows of every batch."""
 
     @property
     def layout(self) -> Layout:
@@ -227,6 +243,7 @@ class Position:
         self.worker_state: dict | None = None  # a StatefulDataLoader worker's loaded state
         self.pending = False  # a loaded state not yet iterated
         self.check_workers: int | None = None  # workers a loaded state was planned for
+        self.check_mixed: bool | None = None  # the batching a loaded state was planned for
         self.cursor: Cursor | None = None
 
     def set_epoch(self, epoch: int) -> None:
@@ -239,6 +256,7 @@ class Position:
         self.worker_state = None
         self.pending = False
         self.check_workers = None
+        self.check_mixed = None
         self.cursor = None
 
     def begin_elsewhere(self) -> None:
@@ -251,6 +269,7 @@ class Position:
         self.worker_state = None
         self.pending = False
         self.check_workers = None
+        self.check_mixed = None
         self.cursor = None
 
     def state(
@@ -277,6 +296,7 @@ class Position:
                 fingerprint,
                 origin,
                 ctx.nodes,
+                ctx.mixed_batches,
             )
 
         if num_samples is not None:
@@ -352,13 +372,15 @@ class Position:
             same = (theirs.world_size, theirs.workers) == (ours.world_size, ours.workers)
             shares = checkpoint.ordering.node_shares(theirs.nodes)
             same = same and shares == ctx.ordering.node_shares(ours.nodes)
+            same = same and checkpoint.mixed_batches == ctx.mixed_batches
             if same and checkpoint.ordering == ctx.ordering:
                 self.next_origin = checkpoint.origin
             elif worker_state:
                 raise ValueError(
                     "this is a StatefulDataLoader worker's state, taken under another layout or "
                     "other settings (world size, workers, nodes, seed, shuffle, buffer, budget, "
-                    "pad, repeat, node affinity): elastic resume needs the rank's state, "
+                    "pad, repeat, node affinity, mixed batches): elastic resume needs the rank's "
+                    "state, "
                     "ds.state_dict(num_samples=..., batch_size=...)"
                 )
             else:
@@ -366,6 +388,7 @@ class Position:
                 self.next_origin = checkpoint
             if not worker_state:
                 self.check_workers = ctx.workers
+        self.check_mixed = None if worker_state else ctx.mixed_batches
         self._check_offset(state, ctx, planner, first_part, where)
         self.current, self.current_origin = self.next, self.next_origin
         self.pending = True
@@ -417,9 +440,18 @@ class Position:
                 f"the state was loaded for {expected} DataLoader worker(s) per rank, but this "
                 f"loader has {workers}: set ds.num_workers = {workers} before load_state_dict"
             )
+        mixed, self.check_mixed = self.check_mixed, None
+        if mixed is not None and mixed != ctx.mixed_batches:
+            raise ValueError(
+                f"the state was loaded for batches that {'mix' if mixed else 'do not mix'} "
+                "every DataLoader worker's samples, and this loader's "
+                f"{'do' if ctx.mixed_batches else 'do not'}: load it through the loader that "
+                "iterates (loader.load_state_dict), which knows how it batches"
+            )
         num_parts = ctx.world_size * workers
         resume, self.worker_state = self.worker_state, None
         self.pending = False
+        interleave = None
         if resume is not None:
             if (resume["worker_id"], resume["num_workers"]) != (ctx.worker, workers):
                 raise ValueError(
@@ -436,11 +468,15 @@ class Position:
                 planner.locate(origin, epoch, ordering, num_parts, first_part + w, 0, ctx.nodes)[0]
                 for w in range(workers)
             ]
-            consumed, nxt = consumed_per_worker(
-                offset, [p.num_samples for p in per_worker], self.batch_size, ordering.repeat
-            )
+            counts = [p.num_samples for p in per_worker]
+            unit = 1 if ctx.mixed_batches else self.batch_size
+            consumed, nxt = consumed_per_worker(offset, counts, unit, ordering.repeat)
             role = (nxt + ctx.worker) % workers
             taken = consumed[role]
+            if ctx.mixed_batches:  # lane w plays role nxt + w: the round robin goes on as it was
+                roles = [(nxt + w) % workers for w in range(workers)]
+                left = None if ordering.repeat else [counts[r] - consumed[r] for r in roles]
+                interleave = Interleave(left, workers)
         part, k, following = planner.locate(
             origin, epoch, ctx.ordering, num_parts, first_part + role, taken, ctx.nodes
         )
@@ -448,5 +484,6 @@ class Position:
             self.next = (part.epoch + 1, 0)
         rest = origin if part.positions is not None else None
         cursor = Cursor(role, part.epoch, k, part.num_samples, rest, epoch, taken, num_workers)
+        cursor.interleave = interleave
         self.cursor = cursor
         return part, following, cursor
