@@ -18,8 +18,9 @@ process, so what one keeps is not another's:
   Python and numpy allocate in it (tracemalloc);
 - first batch: ``ShardedDataLoader(ds, batch_size=32, num_workers=2)`` (forked workers), from
   ``iter`` to the first batch, without and with the node-local cache (``cache_dir`` on local
-  disk; ``--cache-first-batch-up-to`` leaves it out above that size); the workers' peak RSS
-  (largest ``VmHWM``) and the process tree's PSS after it;
+  disk; ``--cache-first-batch-up-to`` leaves it out above that size), and the CPU time of the
+  process and its workers in it; the workers' peak RSS (largest ``VmHWM``) and the process
+  tree's PSS after it;
 - pickle: ``pickle.dumps(ds)`` (what a spawn or forkserver worker receives), beside the
   manifest file;
 - verify: ``lerobot-shards verify --sample 0`` (the manifest side: index, metadata, manifest
@@ -226,17 +227,25 @@ def measure_first_batch(root: str, cache: bool) -> dict:
         options = {"cache": True, "cache_dir": cache_dir} if cache else {"cache": False}
         ds = ShardedLeRobotDataset(root, **options)
         loader = ShardedDataLoader(ds, batch_size=BATCH, num_workers=WORKERS)
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         batches = iter(loader)
         next(batches)
-        first = time.perf_counter() - started
+        first, cpu = time.perf_counter() - started, time.process_time() - cpu
         peaks = []
+        ticks = os.sysconf("SC_CLK_TCK")
         for pid in _children(os.getpid()):
             with open(f"/proc/{pid}/status") as f:
                 peaks += [int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM")]
+            with open(f"/proc/{pid}/stat") as f:  # utime and stime: the workers are new
+                cpu += sum(int(v) for v in f.read().rsplit(")", 1)[1].split()[11:13]) / ticks
         tree = tree_usage(os.getpid())["pss"]
         del batches
-    return {"first_batch_s": first, "worker_peak_rss": max(peaks, default=0), "tree_pss": tree}
+    return {
+        "first_batch_s": first,
+        "first_batch_cpu": cpu,
+        "worker_peak_rss": max(peaks, default=0),
+        "tree_pss": tree,
+    }
 
 
 def _children(pid: int) -> list[int]:
@@ -346,9 +355,11 @@ def table(results: dict[int, dict]) -> str:
         ("epoch start, worker of rank 0 of 8 x 4 workers: CPU time", "start-8x4_cpu", s),
         ("epoch start, worker of rank 0 of 8 x 4 workers: peak allocated", "start-8x4_peak", mb),
         ("first batch (batch 32, 2 workers)", "first_batch_s", s),
+        ("first batch: CPU time (the process and its workers)", "first_batch_cpu", s),
         ("first batch: worker peak RSS", "worker_peak_rss", mb),
         ("first batch: tree PSS", "tree_pss", mb),
         ("first batch through the node cache", "cached_first_batch_s", s),
+        ("first batch through the node cache: CPU time", "cached_first_batch_cpu", s),
         ("pickled dataset", "pickle", mb),
         ("pickled dataset / manifest file", "pickle_ratio", lambda v: f"{v:.2f}"),
         ("unpickle", "unpickle_s", s),
@@ -411,7 +422,10 @@ def main() -> None:
                     f"{measure}_peak": got["epoch_start_peak"],
                 }
             if measure == "batch-cache":
-                got = {"cached_first_batch_s": got["first_batch_s"]}
+                got = {
+                    "cached_first_batch_s": got["first_batch_s"],
+                    "cached_first_batch_cpu": got["first_batch_cpu"],
+                }
             figures.update(got)
         if "pickle" in figures:
             figures["pickle_ratio"] = figures["pickle"] / figures["manifest"]
