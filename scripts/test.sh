@@ -18,9 +18,10 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-# The documentation site: a broken link or anchor, a page left out of the nav or a public name
-# missing from the API reference fails the build.
-NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet -d build/docs-site
+# The documentation site: a broken link or anchor, a page left out of the nav, a public name
+# missing from the API reference or text meant for another renderer fails the build. Not
+# --quiet: it hides the warnings that --strict counts, and the build passes with them.
+NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict -d build/docs-site
 LEROBOT_SHARDS_REQUIRE="ray aiohttp matplotlib" .venv/bin/python -m pytest -q "$@"
 if [ "${LEROBOT_ENV:-1}" != 0 ]; then
   started=$(date +%s)
@@ -42,5 +43,6 @@ if [ "${LEROBOT_ENV:-1}" != 0 ]; then
     tests/test_lerobot_aggregate.py tests/test_long_gop.py tests/test_lerobot_train.py \
     tests/test_accelerate_guard.py tests/test_train_arguments.py tests/test_http.py \
     tests/test_source_location.py tests/test_lerobot_train_cache.py tests/test_lerobot_train_datasets.py \
-    tests/test_lerobot_language.py tests/test_lerobot_tools.py
+    tests/test_lerobot_language.py tests/test_lerobot_tools.py \
+    "tests/test_warm_start.py::test_a_warm_up_is_not_claimed_after_a_setting_changes[video_backend]"
 fi

@@ -19,6 +19,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
+from support.batches import assert_same_items
 from support.mutate import Parts, black_mp4, put_together, take_apart
 
 from lerobot_shards import MissingStatsWarning, ShardedLeRobotDataset
@@ -37,6 +39,18 @@ def parts(av1: Path) -> Parts:
 @pytest.fixture(scope="module")
 def image_parts(shards) -> Parts:
     return take_apart(shards("image"))
+
+
+def items(root: Path | str) -> list[dict]:
+    """A whole epoch of the dataset at ``root``, read plainly (seed 1)."""
+    return list(ShardedLeRobotDataset(str(root), seed=1))
+
+
+def read_unchanged(root: Path, original: Path) -> None:
+    """``verify --deep`` passes the dataset at ``root``, and it reads item for item, tensor for
+    tensor, as the ``original`` it was put together from."""
+    assert verify_dataset(str(root), deep=True) == []
+    assert_same_items(items(root), items(original))
 
 
 def refused(root: Path, episode: int | str | None, *match: str) -> str:
@@ -129,15 +143,41 @@ def test_frame_index_or_timestamp_off_by_one_frame(parts, tmp_path, column):
     refused(tmp_path / "d", 3, column)
 
 
-def test_timestamps_within_tolerance_are_read(parts, tmp_path):
+def test_timestamps_within_tolerance_are_read(av1, parts, tmp_path):
+    """9e-5 s late, inside the default tolerance_s of 1e-4 s (LeRobot finds the same frames):
+    read as the original, but for the rows' own timestamps."""
     lie = parts.copy()
     table = lie.table(3)
-    set_column(lie, 3, "timestamp", [i / 10 + 5e-5 for i in range(table.num_rows)])
+    set_column(lie, 3, "timestamp", [i / 10 + 9e-5 for i in range(table.num_rows)])
     put_together(lie, tmp_path / "d")
     assert verify_dataset(str(tmp_path / "d"), deep=True) == []
-    assert len(list(ShardedLeRobotDataset(str(tmp_path / "d")))) == sum(
-        r["length"] for r in parts.rows
-    )
+    stamps = lie.table(3)["timestamp"].to_numpy()
+    want = items(av1)
+    for item in want:
+        if int(item["episode_index"]) == parts.rows[3]["episode_index"]:
+            item["timestamp"] = torch.tensor(stamps[int(item["frame_index"])])
+    assert_same_items(items(tmp_path / "d"), want)
+
+
+def test_timestamps_just_outside_tolerance(parts, tmp_path):
+    """1.5e-4 s late: outside the default tolerance_s of 1e-4 s, far inside half a frame
+    (0.05 s), so a tolerance looser than LeRobot's is caught."""
+    lie = parts.copy()
+    table = lie.table(3)
+    set_column(lie, 3, "timestamp", [i / 10 + 1.5e-4 for i in range(table.num_rows)])
+    put_together(lie, tmp_path / "d")
+    refused(tmp_path / "d", 3, "timestamp", "tolerance_s=0.0001")
+
+
+def test_empty_values_in_a_feature(parts, tmp_path):
+    """An episode's ``observation.state`` emptied (every row null): a FormatError naming the
+    rows' column, not a bare error while the item is built."""
+    lie = parts.copy()
+    table = lie.table(3)
+    typ = table["observation.state"].type
+    set_column(lie, 3, "observation.state", pa.nulls(table.num_rows, typ))
+    put_together(lie, tmp_path / "d")
+    refused(tmp_path / "d", 3, "observation.state", "empty values")
 
 
 def test_a_nan_timestamp(parts, tmp_path):
@@ -214,7 +254,7 @@ def test_names_of_the_wrong_length(parts, tmp_path, key, names):
     refused(tmp_path / "d", None, key, "names")
 
 
-def test_names_as_lerobot_writes_them_are_read(parts, tmp_path):
+def test_names_as_lerobot_writes_them_are_read(av1, parts, tmp_path):
     """A dict of names (LeRobot v2's ``{"motors": [...]}``) or none at all is no lie."""
 
     def edit(features):
@@ -222,7 +262,7 @@ def test_names_as_lerobot_writes_them_are_read(parts, tmp_path):
         features["observation.state"]["names"] = None
 
     put_together(both_features(parts, edit), tmp_path / "d")
-    assert verify_dataset(str(tmp_path / "d"), deep=True) == []
+    read_unchanged(tmp_path / "d", av1)
 
 
 def test_a_camera_removed_from_index_and_info_that_the_headers_still_hold(parts, tmp_path):
@@ -301,19 +341,19 @@ def test_stats_of_other_features_or_statistics(parts, tmp_path, edit, match):
     refused(tmp_path / "d", None, "stats.json", match)
 
 
-def test_stats_without_a_feature_are_read_with_a_warning(parts, tmp_path):
+def test_stats_without_a_feature_are_read_with_a_warning(av1, parts, tmp_path):
     """LeRobot's add_features and its image-to-video conversion write no stats of what they
     add: LeRobot reads such a dataset (and normalizes none of those features), so it is read,
-    with a warning naming the features."""
+    item for item as the original, with a warning naming the features."""
     put_together(with_stats(parts, lambda stats: stats.pop("action")), tmp_path / "d")
     with pytest.warns(MissingStatsWarning, match=r"no statistics of the features \['action'\]"):
-        items = list(ShardedLeRobotDataset(str(tmp_path / "d")))
-    assert sorted(int(item["index"]) for item in items) == list(range(74))
+        got = items(tmp_path / "d")
+    assert_same_items(got, items(av1))
     with pytest.warns(MissingStatsWarning):
         assert verify_dataset(str(tmp_path / "d"), deep=True) == []
 
 
-def test_stats_without_the_cameras_quantiles_are_read(parts, tmp_path):
+def test_stats_without_the_cameras_quantiles_are_read(av1, parts, tmp_path):
     """LeRobot's quantile script may leave the cameras' stats as they were: no lie."""
 
     def edit(stats):
@@ -321,7 +361,7 @@ def test_stats_without_the_cameras_quantiles_are_read(parts, tmp_path):
             stats[key] = {k: v for k, v in stats[key].items() if not k.startswith("q")}
 
     put_together(with_stats(parts, edit), tmp_path / "d")
-    assert verify_dataset(str(tmp_path / "d"), deep=True) == []
+    read_unchanged(tmp_path / "d", av1)
 
 
 # ---------------------------------------------------------------- meta/tasks.parquet
@@ -418,26 +458,24 @@ def test_a_header_codec_that_contradicts_info_json(parts, tmp_path):
 # ---------------------------------------------------------------- image datasets
 
 
-def set_image(parts: Parts, row: int, position: int, cell: dict) -> None:
+def set_image(parts: Parts, row: int, position: int, cell: dict | None) -> None:
     table = parts.table(row)
     cells = table[CAM].to_pylist()
     cells[position] = cell
     set_column(parts, row, CAM, pa.array(cells, table[CAM].type))
 
 
-def png(width: int, height: int) -> bytes:
+def png(width: int, height: int, mode: str = "RGB") -> bytes:
     from PIL import Image
 
     out = io.BytesIO()
-    Image.new("RGB", (width, height)).save(out, format="png")
+    Image.new(mode, (width, height)).save(out, format="png")
     return out.getvalue()
 
 
 def test_image_parts_put_together_read_as_the_original(shards, image_parts, tmp_path):
     put_together(image_parts.copy(), tmp_path / "same")
-    assert verify_dataset(str(tmp_path / "same"), deep=True) == []
-    ours = [int(i["index"]) for i in ShardedLeRobotDataset(str(tmp_path / "same"), seed=1)]
-    assert ours == [int(i["index"]) for i in ShardedLeRobotDataset(str(shards("image")), seed=1)]
+    read_unchanged(tmp_path / "same", shards("image"))
 
 
 @pytest.mark.parametrize(
@@ -446,11 +484,22 @@ def test_image_parts_put_together_read_as_the_original(shards, image_parts, tmp_
         ({"bytes": b"\x89PNG not really" * 20, "path": None}, "does not decode"),
         ({"bytes": png(40, 56), "path": None}, "56x40"),  # width and height swapped
         ({"bytes": None, "path": "/etc/hostname"}, "names a file"),
+        # the right size, one channel: LeRobot would serve it (1, 40, 56), not (3, 40, 56)
+        ({"bytes": png(56, 40, "L"), "path": None}, "1-channel (PIL mode L)"),
     ],
-    ids=["garbage", "wrong size", "a path"],
+    ids=["garbage", "wrong size", "a path", "grayscale"],
 )
 def test_a_lying_image(image_parts, tmp_path, cell, match):
     lie = image_parts.copy()
     set_image(lie, 3, 2, cell)
     put_together(lie, tmp_path / "d")
     refused(tmp_path / "d", 3, match)
+
+
+def test_an_empty_image(image_parts, tmp_path):
+    """A row's image emptied (null: neither bytes nor a path) is an empty value of the rows'
+    column, as an emptied ``observation.state`` is (the rows' check of every column)."""
+    lie = image_parts.copy()
+    set_image(lie, 3, 2, None)
+    put_together(lie, tmp_path / "d")
+    refused(tmp_path / "d", 3, CAM, "empty values")

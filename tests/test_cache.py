@@ -530,7 +530,7 @@ def test_cache_fill_makes_the_first_epoch_local(remote: Remote, tmp_path: Path):
     remote.proxy.clear()
     limit = str(2 * remote.total / 1e9)
     options = json.dumps(remote.storage_options)
-    job = ["--workers", "2", "--seed", str(DATASET["seed"])]
+    job = ["--num-workers", "2", "--seed", str(DATASET["seed"])]
     job += ["--buffer-size", str(DATASET["buffer_size"])]
     command = ["cache", "fill", remote.url, "--storage-options", options]
     command += ["--cache-dir", str(folder), "--cache-limit-gb", limit, *job]

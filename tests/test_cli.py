@@ -223,3 +223,18 @@ def test_killed_conversion_resumes_without_redoing_finished_episodes(tmp_path: P
     verify = run("verify", str(dest), "--deep")
     assert verify.returncode == 0, verify.stderr
     assert verify.stdout.strip().endswith("ok")
+
+
+def test_train_without_lerobot_says_where_it_runs(av1, monkeypatch):
+    """Outside LeRobot's environment, ``lerobot-shards train`` names the LeRobot version it
+    runs and how to get its environment."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "lerobot", None)  # as if LeRobot were not installed
+    for name in [m for m in sys.modules if m.startswith("lerobot_shards.train")]:
+        monkeypatch.delitem(sys.modules, name)
+    result = CliRunner().invoke(main, ["train", "--shards", str(av1), "--steps=1"])
+    assert result.exit_code == 1
+    assert "LeRobot 0.6.1" in result.output
+    assert "scripts/setup_lerobot_env.sh" in result.output
+    assert "lerobot[training]==0.6.1" in result.output

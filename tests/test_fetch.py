@@ -265,6 +265,34 @@ def test_prefetch_closed_early_leaves_no_thread():
     assert not [t for t in threading.enumerate() if t.name.startswith("lerobot-shards-fetch")]
 
 
+def test_prefetch_closed_on_one_of_its_own_fetch_threads():
+    """A generator the garbage collector finalizes may be closed on a fetch thread: closing
+    must not try to join that thread (``RuntimeError: cannot join current thread``)."""
+    errors: list[BaseException] = []
+    gen: Iterator
+
+    def load(key: int) -> int:
+        if key == 3:
+            try:
+                gen.close()
+            except BaseException as error:  # what closing raised is the finding
+                errors.append(error)
+        return key
+
+    gen = Prefetcher(load, lambda k: 1, depth=3, threads=1).run(_plan(list(range(6))), _role)
+    for event, value in gen:
+        if event.kind == ADMIT and event.key == 2:
+            value.result()
+            break
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(
+        t.name.startswith("lerobot-shards-fetch") for t in threading.enumerate()
+    ):
+        time.sleep(0.05)
+    assert errors == []
+    assert not [t for t in threading.enumerate() if t.name.startswith("lerobot-shards-fetch")]
+
+
 # ------------------------------------------------------------------------------ object store
 
 

@@ -186,3 +186,28 @@ def test_return_uint8_equals_lerobots_own(golden_path, shards, name):
                 assert torch.equal(item[key], value), (index, key)
             else:
                 assert item[key] == value, (index, key)
+
+
+@pytest.mark.parametrize("mode", ["RGB", "L", "RGBA", "P", "1"])
+def test_an_image_decodes_to_the_channels_lerobot_serves(mode):
+    """An image feature's PNG decodes to the bands it stores, as LeRobot 0.6.1's
+    ``pil_to_chw_tensor`` serves them (a grayscale PNG is one channel, never made RGB): the
+    reader's ``decode_image`` equals it, value for value. LeRobot's environment runs this."""
+    import io
+
+    from PIL import Image
+
+    from lerobot_shards.items import frames_to_output
+    from lerobot_shards.validate import decode_image
+
+    io_utils = importorskip(
+        "lerobot.datasets.io_utils", reason="LeRobot is optional; CI's LeRobot env runs this"
+    )
+    pixels = np.random.default_rng(0).integers(0, 256, (6, 5, 4), dtype=np.uint8)
+    image = Image.fromarray(pixels, "RGBA").convert(mode)
+    data = io.BytesIO()
+    image.save(data, format="png")
+    theirs = io_utils.pil_to_chw_tensor(Image.open(io.BytesIO(data.getvalue())))
+    array = decode_image({"bytes": data.getvalue(), "path": None}, (6, 5), channels=len(theirs))
+    ours = frames_to_output(torch.from_numpy(array).permute(2, 0, 1), False)
+    assert ours.dtype == theirs.dtype and torch.equal(ours, theirs)

@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import lerobot_shards
 
 PACKAGE = Path(lerobot_shards.__file__).parent
@@ -21,17 +23,37 @@ TOP_BELOW_READER = {"format", "validate", "language", "items", "trace"}
 """Top-level modules the reader builds on; they never import the reader."""
 
 
-def imports_of(path: Path) -> set[str]:
-    """Every ``lerobot_shards...`` module ``path`` imports, anywhere in the file."""
+def module_name(path: Path) -> str:
+    """The dotted name of the package's module at ``path``."""
+    parts = ["lerobot_shards", *path.relative_to(PACKAGE).with_suffix("").parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_in(source: str, module: str, is_package: bool = False) -> set[str]:
+    """Every ``lerobot_shards...`` module the source of ``module`` imports, anywhere in it;
+    relative imports (``from ..loading import dataset``) resolved against ``module``."""
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            if node.module.startswith("lerobot_shards"):
-                found.add(node.module)
-                found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom):
+            target = node.module or ""
+            if node.level:
+                package = module.split(".")
+                if not is_package:
+                    package = package[:-1]
+                base = package[: len(package) - (node.level - 1)]
+                target = ".".join([*base, *([node.module] if node.module else [])])
+            if target.startswith("lerobot_shards"):
+                if node.module:
+                    found.add(target)
+                found.update(f"{target}.{alias.name}" for alias in node.names)
         elif isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name.startswith("lerobot_shards"))
     return found
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every ``lerobot_shards...`` module ``path`` imports (:func:`imports_in`)."""
+    return imports_in(path.read_text(), module_name(path), path.name == "__init__.py")
 
 
 def layer_of(module: str) -> str | None:
@@ -55,6 +77,24 @@ def test_reader_layers_import_only_lower_layers():
                     if top not in TOP_BELOW_READER | {"reader"}:
                         wrong.append(f"reader/{layer}/{path.name} imports {module}")
     assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.parametrize(
+    ("source", "module", "is_package", "imported"),
+    [
+        ("from ..loading import dataset", "lerobot_shards.reader.plan.pool", False,
+         "lerobot_shards.reader.loading.dataset"),
+        ("from .. import loading", "lerobot_shards.reader.plan.pool", False,
+         "lerobot_shards.reader.loading"),
+        ("from .pool import Draws", "lerobot_shards.reader.plan.state", False,
+         "lerobot_shards.reader.plan.pool.Draws"),
+        ("from ..loading.stream import x", "lerobot_shards.reader.plan", True,
+         "lerobot_shards.reader.loading.stream"),
+    ],
+)  # fmt: skip
+def test_relative_imports_are_resolved(source, module, is_package, imported):
+    """An upward relative import is an arrow like any other: it is read, not passed over."""
+    assert imported in imports_in(source, module, is_package)
 
 
 def test_reader_folders_are_the_layers():

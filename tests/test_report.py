@@ -70,7 +70,7 @@ def stream_with_report(converted: Path, path: Path) -> str:
     result = CliRunner().invoke(
         main,
         [
-            "stream", str(converted), "--workers", "2", "--batch-size", "4", "--epochs", "1",
+            "stream", str(converted), "--num-workers", "2", "--batch-size", "4", "--epochs", "1",
             "--report", str(path),
         ],
     )  # fmt: skip

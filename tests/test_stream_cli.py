@@ -83,7 +83,9 @@ def test_seconds_stop_the_stream_early(converted: Path):
 
 
 @pytest.mark.parametrize(
-    "loader", [["--workers", "2"], ["--workers", "0", "--decode-threads", "1"]], ids=["2", "0"]
+    "loader",
+    [["--num-workers", "2"], ["--num-workers", "0", "--decode-threads", "1"]],
+    ids=["2", "0"],
 )
 def test_cli_streams_one_epoch_and_reports_full_coverage(converted: Path, loader: list[str]):
     result = subprocess.run(
@@ -112,7 +114,7 @@ def test_cli_streams_a_weighted_mixture_and_reports_each_datasets_coverage(conve
             *CLI,
             str(converted),
             str(converted),
-            *("--weights", "3,1", "--workers", "2", "--batch-size", "4", "--interval", "1000"),
+            *("--weights", "3,1", "--num-workers", "2", "--batch-size", "4", "--interval", "1000"),
         ],
         capture_output=True,
         text=True,

@@ -41,17 +41,106 @@ def parse_episodes(spec: str) -> list[int]:
     return list(dict.fromkeys(out))
 
 
+class JsonObject(click.ParamType):
+    """A JSON object given on the command line (fsspec's storage options)."""
+
+    name = "JSON"
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None):
+        if isinstance(value, dict):
+            return value
+        try:
+            parsed = json.loads(str(value))
+        except json.JSONDecodeError as exc:
+            self.fail(f"not JSON: {exc}", param, ctx)
+        if not isinstance(parsed, dict):
+            self.fail(f'{value!r} is not a JSON object like {{"key": "value"}}', param, ctx)
+        return parsed
+
+
+def storage_options(name: str = "--storage-options", verb: str = "read from") -> Callable:
+    """fsspec options as JSON for the filesystem datasets are ``verb`` (an endpoint,
+    credentials)."""
+    return click.option(
+        name,
+        type=JsonObject(),
+        default="{}",
+        show_default=True,
+        help=f"fsspec options for the filesystem datasets are {verb}, as JSON: an S3-compatible "
+        'endpoint (MinIO, R2, ...), credentials, e.g. \'{"endpoint_url": "http://host:9000"}\'.',
+    )
+
+
+LOCAL_WORKERS = click.option(
+    "--workers",
+    type=click.IntRange(min=0),
+    show_default="the CPU count",
+    help="Processes of the local executor: converting episodes (convert, demo) or checking "
+    "shards (verify); 0 or 1: in this process.",
+)
+EXECUTOR = click.option(
+    "--executor",
+    type=click.Choice(["local", "ray"]),
+    default="local",
+    show_default=True,
+    help="Where episodes are converted (convert) or shards checked (verify): a local process "
+    "pool, or Ray tasks on a cluster (needs pip install 'lerobot-shards[ray]').",
+)
+RAY_ADDRESS = click.option(
+    "--ray-address",
+    show_default="RAY_ADDRESS, else a new local Ray instance",
+    help="The Ray cluster to connect to.",
+)
+
+
 BUFFER_SIZE = click.option(
     "--buffer-size",
     type=click.IntRange(min=1),
     default=64,
     show_default=True,
-    help="Episodes resident in each worker's pool.",
+    help="Episodes resident in each DataLoader worker's pool (per worker, not per rank).",
 )
 BYTE_BUDGET = click.option(
     "--byte-budget-gb",
     type=click.FloatRange(min=0, min_open=True),
-    help="Bytes resident for each process (rank), split over its workers (default: no limit).",
+    show_default="no limit",
+    help="GB (10**9 bytes) of fetched episodes and decoded frames for each rank (training "
+    "process), split equally over its DataLoader workers.",
+)
+NUM_WORKERS = click.option(
+    "--num-workers",
+    type=click.IntRange(min=0),
+    default=2,
+    show_default=True,
+    help="DataLoader worker processes per rank (0: read in the main process).",
+)
+SEED = click.option(
+    "--seed",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="The seed of every epoch's order.",
+)
+BATCH_SIZE = click.option(
+    "--batch-size",
+    type=click.IntRange(min=1),
+    default=8,
+    show_default=True,
+    help="Samples per batch.",
+)
+WEIGHTS = click.option(
+    "--weights",
+    show_default="every frame once",
+    help="A mixture's weights, one per dataset, e.g. 2,1,1: each dataset's share of an epoch's "
+    "samples.",
+)
+AS_JSON = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+CACHE_DIR = click.option(
+    "--cache-dir",
+    type=click.Path(file_okay=False),
+    show_default="$LEROBOT_SHARDS_CACHE_DIR, else ~/.cache/lerobot-shards",
+    help="The cache folder, on a local disk of the node, shared by every process on it (a "
+    "folder on a network filesystem is warned about).",
 )
 
 
@@ -64,26 +153,26 @@ def cache_options(command: Callable) -> Callable:
         "--node-affinity/--no-node-affinity",
         "node_affinity",
         default=None,
-        help="Each node reads the same episodes every epoch, so its cache keeps them (default: "
-        "on with a cache on several nodes, unless --cache-limit-gb holds the whole dataset).",
+        show_default="on with a cache on several nodes, unless --cache-limit-gb holds the "
+        "whole dataset",
+        help="Each node reads the same episodes every epoch, so its cache keeps them.",
     )(command)
     command = click.option(
         "--cache-limit-gb",
         type=click.FloatRange(min=0, min_open=True),
-        help="Most bytes the cache holds (default: half the disk's free space and what the "
-        "cache holds, never below a floor of free space).",
+        show_default="the folder's last limit, else half the disk's free space plus what the "
+        "cache holds",
+        help="Most GB (10**9 bytes) the cache holds; it never takes the last 5% of the disk (at "
+        "most 1 GiB).",
     )(command)
-    command = click.option(
-        "--cache-dir",
-        type=click.Path(file_okay=False),
-        help="The cache folder, shared by every process on the node (default: "
-        "$LEROBOT_SHARDS_CACHE_DIR, else ~/.cache/lerobot-shards). Caches any root.",
-    )(command)
+    command = CACHE_DIR(command)
     return click.option(
         "--cache/--no-cache",
         "cache",
         default=None,
-        help="Cache fetched episodes on local disk (default: remote roots only).",
+        show_default="remote roots, and any root given --cache-dir",
+        help="Cache fetched episodes on the node's disk, so later epochs do not download them "
+        "again.",
     )(command)
 
 
@@ -108,31 +197,20 @@ def main() -> None:
 @main.command()
 @click.argument("source")
 @click.argument("dest")
-@click.option("--episodes", help="Episodes to convert, e.g. 0,3,5-9 (default: all).")
-@click.option(
-    "--workers",
-    type=click.IntRange(min=0),
-    help="Processes of the local executor (default: CPU count).",
-)
+@click.option("--episodes", show_default="all", help="Episodes to convert, e.g. 0,3,5-9.")
+@LOCAL_WORKERS
+@storage_options()
+@storage_options("--dest-storage-options", "written to")
 @click.option("--overwrite", is_flag=True, help="Delete DEST first and start afresh.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
-@click.option(
-    "--executor",
-    type=click.Choice(["local", "ray"]),
-    default="local",
-    show_default=True,
-    help="Where episodes are converted: a local process pool, or Ray tasks on a cluster "
-    "(needs pip install 'lerobot-shards[ray]').",
-)
-@click.option(
-    "--ray-address",
-    help="Ray cluster to connect to (default: RAY_ADDRESS, else a new local Ray instance).",
-)
+@EXECUTOR
+@RAY_ADDRESS
 @click.option(
     "--max-in-flight",
     type=click.IntRange(min=1),
-    help="Episodes submitted and not yet collected (default: two tasks of up to 64 consecutive "
-    "episodes per worker, or with Ray twice the cluster's CPUs).",
+    show_default="two tasks of up to 64 consecutive episodes per worker; with Ray, twice the "
+    "cluster's CPUs",
+    help="Episodes submitted and not yet collected.",
 )
 @click.option(
     "--trust-finished",
@@ -144,7 +222,7 @@ def main() -> None:
     "--decode-check",
     is_flag=True,
     help="Also decode each cut's first frame, catching damaged source keyframes at conversion "
-    "(about 45%% more time per episode; verify --deep decodes every frame).",
+    "(about 45% more time per episode; verify --deep decodes every frame).",
 )
 @click.option(
     "--strict",
@@ -152,11 +230,12 @@ def main() -> None:
     help="Refuse non-finite values (NaN, Inf) in the rows, naming the feature, the episode and "
     "the first index (without it they are reported as warnings, as LeRobot reads them).",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@AS_JSON
 def convert(
-    source: str, dest: str, episodes: str | None, workers: int | None, overwrite: bool,
-    no_progress: bool, executor: str, ray_address: str | None, max_in_flight: int | None,
-    trust_finished: bool, decode_check: bool, strict: bool, as_json: bool,
+    source: str, dest: str, episodes: str | None, workers: int | None, storage_options: dict,
+    dest_storage_options: dict, overwrite: bool, no_progress: bool, executor: str,
+    ray_address: str | None, max_in_flight: int | None, trust_finished: bool, decode_check: bool,
+    strict: bool, as_json: bool,
 ) -> None:  # fmt: skip
     """Convert the LeRobot dataset at SOURCE into shards at DEST (paths or fsspec URLs; SOURCE
     may be a Hub repo id, read from LeRobot's local copy when it has one).
@@ -182,6 +261,8 @@ def convert(
             dest,
             episodes=parse_episodes(episodes) if episodes is not None else None,
             workers=workers,
+            storage_options=storage_options or None,
+            dest_storage_options=dest_storage_options or None,
             overwrite=overwrite,
             progress=not no_progress,
             executor=executor,
@@ -203,8 +284,9 @@ def convert(
 
 @main.command()
 @click.argument("roots", nargs=-1, required=True)
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
-def inspect(roots: tuple[str, ...], as_json: bool) -> None:
+@AS_JSON
+@storage_options()
+def inspect(roots: tuple[str, ...], as_json: bool, storage_options: dict) -> None:
     """Summarise the converted dataset at ROOT, or each of several ROOTS (read concurrently)
     and their totals. With --json, several ROOTS give a list."""
     from concurrent.futures import ThreadPoolExecutor
@@ -214,7 +296,7 @@ def inspect(roots: tuple[str, ...], as_json: bool) -> None:
 
     try:
         with ThreadPoolExecutor(min(32, len(roots))) as pool:
-            summaries = list(pool.map(inspect_dataset, roots))
+            summaries = list(pool.map(lambda r: inspect_dataset(r, storage_options), roots))
     except (FormatError, FileNotFoundError) as exc:
         raise click.ClickException(str(exc)) from exc
     if as_json:
@@ -237,29 +319,17 @@ def inspect(roots: tuple[str, ...], as_json: bool) -> None:
 @click.option(
     "--sample",
     type=click.IntRange(min=0),
-    help="Check N shards drawn at random instead of every one (0: the manifest side only).",
+    show_default="every shard",
+    help="Check N shards drawn at random (0: the manifest side only).",
 )
-@click.option(
-    "--workers",
-    type=click.IntRange(min=0),
-    help="Processes checking shards (default: CPU count; 0: in this process).",
-)
-@click.option(
-    "--executor",
-    type=click.Choice(["local", "ray"]),
-    default="local",
-    show_default=True,
-    help="Where shards are checked: local processes, or Ray tasks on a cluster (needs pip "
-    "install 'lerobot-shards[ray]').",
-)
-@click.option(
-    "--ray-address",
-    help="Ray cluster to connect to (default: RAY_ADDRESS, else a new local Ray instance).",
-)
+@LOCAL_WORKERS
+@EXECUTOR
+@RAY_ADDRESS
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
+@storage_options()
 def verify(
     root: str, deep: bool, sample: int | None, workers: int | None, executor: str,
-    ray_address: str | None, no_progress: bool,
+    ray_address: str | None, no_progress: bool, storage_options: dict,
 ) -> None:  # fmt: skip
     """Check ROOT's index.json, metadata and manifest, then every shard (or --sample N of
     them) against its manifest row; exit 1 on any problem."""
@@ -278,6 +348,7 @@ def verify(
         problems = verify_dataset(
             root,
             deep=deep,
+            storage_options=storage_options,
             sample=sample,
             workers=(os.cpu_count() or 1) if workers is None else workers,
             executor=executor,
@@ -313,44 +384,37 @@ def parse_weights(spec: str | None, count: int) -> list[float] | None:
 
 @main.command()
 @click.argument("roots", nargs=-1, required=True)
-@click.option(
-    "--weights",
-    help="A mixture's weights, one per ROOT, e.g. 2,1,1: each dataset's share of an epoch's "
-    "samples (default: every frame once).",
-)
-@click.option(
-    "--workers",
-    type=click.IntRange(min=0),
-    default=2,
-    show_default=True,
-    help="DataLoader worker processes.",
-)
-@click.option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True)
+@WEIGHTS
+@NUM_WORKERS
+@BATCH_SIZE
 @click.option(
     "--seconds",
     type=click.FloatRange(min=0, min_open=True),
-    help="Stop after this long (default: run --epochs).",
+    show_default="run --epochs",
+    help="Stop after this long.",
 )
 @click.option(
     "--epochs",
     type=click.IntRange(min=1),
-    help="Epochs to stream (default 1; with --seconds, as many as fit).",
+    show_default="1; with --seconds, as many as fit",
+    help="Epochs to stream.",
 )
 @BUFFER_SIZE
 @BYTE_BUDGET
 @click.option(
     "--uint8/--float",
     "uint8",
-    default=True,
+    default=False,
     show_default=True,
-    help="Camera frames as uint8, or float32 in [0, 1] as LeRobot returns them.",
+    help="Video frames as uint8 (4x fewer bytes: what training reads), or float32 in [0, 1] "
+    "as LeRobot returns them by default (ShardedLeRobotDataset's return_uint8).",
 )
-@click.option("--seed", type=int, default=0, show_default=True)
+@SEED
 @click.option(
     "--decode-threads",
     type=click.IntRange(min=0),
-    help="Threads per process decoding upcoming frames (default: the cores shared out over "
-    "the workers; 0: decode in the iterating thread).",
+    show_default="the cores shared out over the workers",
+    help="Threads per process decoding upcoming frames (0: decode in the iterating thread).",
 )
 @click.option(
     "--interval",
@@ -367,19 +431,22 @@ def parse_weights(spec: str | None, count: int) -> list[float] | None:
     "one worker.",
 )
 @cache_options
+@storage_options()
 @click.option(
     "--report",
     "report_path",
     type=click.Path(dir_okay=False, writable=True),
+    show_default="none",
     help="Also write a picture of where the time went: FILE.html (a page with a summary) or "
     "FILE.png (needs matplotlib: pip install 'lerobot-shards[report]').",
 )
 def stream(
-    roots: tuple[str, ...], weights: str | None, workers: int, batch_size: int,
+    roots: tuple[str, ...], weights: str | None, num_workers: int, batch_size: int,
     seconds: float | None, epochs: int | None,
     buffer_size: int, byte_budget_gb: float | None, uint8: bool, seed: int,
     decode_threads: int | None, interval: float, mixed_batches: bool, cache: bool | None,
     cache_dir: str | None, cache_limit_gb: float | None, node_affinity: bool | None,
+    storage_options: dict,
     report_path: str | None,
 ) -> None:  # fmt: skip
     """Stream the converted dataset at ROOT (several ROOTS: their mixture) through a
@@ -416,7 +483,7 @@ def stream(
             stats = run_stream(
                 list(roots) if mixture else roots[0],
                 weights=parse_weights(weights, len(roots)),
-                workers=workers,
+                workers=num_workers,
                 batch_size=batch_size,
                 seconds=seconds,
                 epochs=epochs,
@@ -424,6 +491,7 @@ def stream(
                 byte_budget_gb=byte_budget_gb,
                 return_uint8=uint8,
                 seed=seed,
+                storage_options=storage_options,
                 dataset_options=options,
                 report=lambda s: click.echo(s.line()),
                 interval_s=interval,
@@ -440,7 +508,7 @@ def stream(
                 log,
                 read_traces(options["trace_dir"]),
                 report_path,
-                title=f"lerobot-shards stream {' '.join(roots)}: {workers} workers, batch "
+                title=f"lerobot-shards stream {' '.join(roots)}: {num_workers} workers, batch "
                 f"{batch_size}, buffer_size {buffer_size}",
             )
             click.echo(f"report: {report_path}")
@@ -456,53 +524,71 @@ def stream(
         click.echo(line)
 
 
+LEROBOT_VERSION = "0.6.1"
+"""The LeRobot whose trainer ``lerobot-shards train`` runs (and is tested with)."""
+
+
+def lerobot_version() -> str | None:
+    """The installed LeRobot's version, None if it is not installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("lerobot")
+    except PackageNotFoundError:
+        return None
+
+
 @main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
 @click.option(
     "--shards",
     "roots",
     multiple=True,
-    help="A converted dataset (folder or fsspec URL); repeat it for a mixture. On a resume, "
-    "default: the checkpoint's.",
+    show_default="on a resume, the checkpoint's",
+    help="A converted dataset (folder or fsspec URL); repeat it for a mixture.",
 )
-@click.option("--weights", help="A mixture's weights, one per --shards, e.g. 2,1.")
-@click.option(
-    "--storage-options",
-    default="{}",
-    help='fsspec options as JSON, e.g. \'{"endpoint_url": "http://..."}\'.',
-)
+@WEIGHTS
+@storage_options()
 @BUFFER_SIZE
 @BYTE_BUDGET
 @cache_options
 @click.pass_context
 def train(
-    ctx: click.Context, roots: tuple[str, ...], weights: str | None, storage_options: str,
+    ctx: click.Context, roots: tuple[str, ...], weights: str | None, storage_options: dict,
     buffer_size: int, byte_budget_gb: float | None, cache: bool | None, cache_dir: str | None,
     cache_limit_gb: float | None, node_affinity: bool | None,
 ) -> None:  # fmt: skip
-    """Train with LeRobot's own trainer, lerobot-train, on shards: every other argument is
-    lerobot-train's (--policy.type=act, --steps, --batch_size, --num_workers, --output_dir,
+    """Train with LeRobot 0.6.1's own trainer, lerobot-train, on shards: every other argument
+    is lerobot-train's (--policy.type=act, --steps, --batch_size, --num_workers, --output_dir,
     --resume=true --config_path=..., ...). Run it under accelerate launch or torchrun for
-    several GPUs. Needs pip install 'lerobot[training]'."""
+    several GPUs. It runs where LeRobot 0.6.1 is installed: the environment
+    scripts/setup_lerobot_env.sh makes (.venv-lerobot), or pip install
+    'lerobot[training]==0.6.1'."""
     try:
         from lerobot_shards.train.arguments import RefusedArgument
         from lerobot_shards.train.datasets import Shards
         from lerobot_shards.train.run import train as run_train
     except ImportError as exc:
         raise click.ClickException(
-            f"lerobot-shards train runs LeRobot's trainer: pip install 'lerobot[training]' ({exc})"
+            f"lerobot-shards train runs LeRobot {LEROBOT_VERSION}'s trainer, which this "
+            f"environment cannot import ({exc}): run it in LeRobot {LEROBOT_VERSION}'s "
+            "environment (from a checkout, bash scripts/setup_lerobot_env.sh makes "
+            f".venv-lerobot), or pip install 'lerobot[training]=={LEROBOT_VERSION}'"
         ) from exc
+    installed = lerobot_version()
+    if installed != LEROBOT_VERSION:
+        click.echo(
+            f"warning: lerobot-shards train is made for LeRobot {LEROBOT_VERSION}'s trainer; "
+            f"this environment has LeRobot {installed}",
+            err=True,
+        )
     if weights is not None and len(roots) < 2:
         raise click.BadParameter("weights are for several --shards", param_hint="--weights")
-    try:
-        options = json.loads(storage_options)
-    except json.JSONDecodeError as exc:
-        raise click.BadParameter(f"not JSON: {exc}", param_hint="--storage-options") from exc
     shards = None
     if roots:
         shards = Shards(
             roots=list(roots),
             weights=parse_weights(weights, len(roots)),
-            storage_options=options,
+            storage_options=storage_options,
             buffer_size=buffer_size,
             byte_budget_gb=byte_budget_gb,
             **cache_settings(cache, cache_dir, cache_limit_gb, node_affinity),
@@ -514,14 +600,21 @@ def train(
 
 
 @main.command()
-@click.option("--workdir", default="demo-output", show_default=True, help="Recreated folder.")
-@click.option("--workers", default=2, show_default=True, help="Converter and DataLoader workers.")
-@click.option("--batch-size", default=8, show_default=True)
-def demo(workdir: str, workers: int, batch_size: int) -> None:
+@click.option(
+    "--workdir",
+    default="demo-output",
+    show_default=True,
+    help="The folder, recreated: the sample LeRobot dataset goes to WORKDIR/lerobot, its shards "
+    "to WORKDIR/shards.",
+)
+@LOCAL_WORKERS
+@NUM_WORKERS
+@BATCH_SIZE
+def demo(workdir: str, workers: int | None, num_workers: int, batch_size: int) -> None:
     """Make a sample LeRobot dataset, convert it, and train one epoch from the stream."""
     from lerobot_shards.demo import format_report, run_demo
 
-    report = run_demo(workdir, workers=workers, batch_size=batch_size)
+    report = run_demo(workdir, workers=workers, num_workers=num_workers, batch_size=batch_size)
     click.echo(format_report(report))
     if report.distinct_seen != report.frames:
         sys.exit(1)
@@ -530,13 +623,6 @@ def demo(workdir: str, workers: int, batch_size: int) -> None:
 @main.group()
 def cache() -> None:
     """The node-local cache of remote episodes: filling it ahead, what it holds, emptying it."""
-
-
-CACHE_DIR = click.option(
-    "--cache-dir",
-    type=click.Path(file_okay=False),
-    help="The cache folder (default: $LEROBOT_SHARDS_CACHE_DIR, else the user's cache folder).",
-)
 
 
 def open_cache(cache_dir: str | None):
@@ -554,32 +640,61 @@ def open_cache(cache_dir: str | None):
 
 @cache.command("fill")
 @click.argument("root")
+@storage_options()
+@CACHE_DIR
 @click.option(
-    "--storage-options", default="{}", help="fsspec options as JSON, as for train and stream."
+    "--cache-limit-gb",
+    type=click.FloatRange(min=0, min_open=True),
+    show_default="the folder's last limit, else half the disk's free space plus what the "
+    "cache holds",
+    help="Most GB (10**9 bytes) the cache holds; it never takes the last 5% of the disk (at "
+    "most 1 GiB).",
 )
-@click.option("--cache-dir", type=click.Path(file_okay=False), help="As for train and stream.")
-@click.option("--cache-limit-gb", type=click.FloatRange(min=0, min_open=True))
-@click.option("--world-size", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option(
+    "--world-size",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="The training job's ranks, over all nodes.",
+)
 @click.option(
     "--local-world-size",
     type=click.IntRange(min=1),
-    help="Ranks per node (torchrun's --nproc_per_node; default: --world-size, one node).",
+    show_default="--world-size, one node",
+    help="Ranks per node (torchrun's --nproc_per_node).",
 )
-@click.option("--node-rank", type=click.IntRange(min=0), default=0, show_default=True)
 @click.option(
-    "--workers", type=click.IntRange(min=0), default=0, help="DataLoader workers per rank."
+    "--node-rank",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="The node to fill for (torchrun's --node_rank).",
 )
-@click.option("--seed", type=int, default=0, show_default=True)
+@NUM_WORKERS
+@SEED
 @BUFFER_SIZE
-@click.option("--epoch", type=click.IntRange(min=0), default=0, show_default=True)
-@click.option("--threads", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option(
+    "--epoch",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="The epoch whose first reads are filled.",
+)
+@click.option(
+    "--threads",
+    type=click.IntRange(min=1),
+    default=8,
+    show_default=True,
+    help="Downloads at once.",
+)
 def cache_fill(
-    root: str, storage_options: str, cache_dir: str | None, cache_limit_gb: float | None,
-    world_size: int, local_world_size: int | None, node_rank: int, workers: int, seed: int,
+    root: str, storage_options: dict, cache_dir: str | None, cache_limit_gb: float | None,
+    world_size: int, local_world_size: int | None, node_rank: int, num_workers: int, seed: int,
     buffer_size: int, epoch: int, threads: int,
 ) -> None:  # fmt: skip
     """Download ahead what one node of a training job reads in its first epoch (ROOT, with the
-    job's layout, seed and pool size), soonest first, as far as the cache holds it."""
+    job's layout, DataLoader workers, seed and pool size), soonest first, as far as the cache
+    holds it."""
     from lerobot_shards import ShardedLeRobotDataset
     from lerobot_shards.format import FormatError
 
@@ -596,12 +711,12 @@ def cache_fill(
     try:
         ds = ShardedLeRobotDataset(
             root,
-            storage_options=json.loads(storage_options),
+            storage_options=storage_options,
             seed=seed,
             buffer_size=buffer_size,
             **cache_settings(True, cache_dir, cache_limit_gb, None),
         )
-        ds.num_workers = workers
+        ds.num_workers = num_workers
         count, total = ds.fill_cache(epoch, threads)
     except (FormatError, FileNotFoundError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
@@ -612,7 +727,7 @@ def cache_fill(
 
 @cache.command("ls")
 @CACHE_DIR
-@click.option("--json", "as_json", is_flag=True, help="Print every entry as JSON.")
+@AS_JSON
 def cache_ls(cache_dir: str | None, as_json: bool) -> None:
     """Show the cache: its folder, limit and bytes used, and per dataset its entries and bytes."""
     from dataclasses import asdict

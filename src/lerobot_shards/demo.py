@@ -52,30 +52,46 @@ class TinyPolicy(torch.nn.Module):
         return self.head(torch.cat([*pooled, state], dim=-1))
 
 
-def run_demo(
-    workdir: str | Path, *, workers: int = 2, batch_size: int = 8, seed: int = 0
-) -> DemoReport:
-    """Make, convert and stream the sample dataset in ``workdir`` (recreated); train one epoch."""
-    from lerobot_shards import ShardedDataLoader, ShardedLeRobotDataset, convert
+def make_demo_dataset(folder: str | Path, seed: int = 0) -> Path:
+    """The demo's sample LeRobot v3.0 dataset at ``folder`` (``WORKDIR/lerobot``): 12 episodes
+    of 1-90 frames at 30 fps, cameras ``observation.images.top`` (96x128) and
+    ``observation.images.wrist`` (48x64), 4-dimensional ``observation.state`` and ``action``.
+    The README's tour and the guides' snippets run on it."""
     from lerobot_shards.testing.factory import make_dataset
 
-    workdir = Path(workdir)
-    if workdir.exists():
-        shutil.rmtree(workdir)
-    source = make_dataset(
-        workdir / "lerobot",
+    return make_dataset(
+        Path(folder),
         episode_lengths=DEMO_EPISODE_LENGTHS,
         cameras=DEMO_CAMERAS,
         fps=30,
         content="realistic",
         seed=seed,
     )
+
+
+def run_demo(
+    workdir: str | Path,
+    *,
+    workers: int | None = None,
+    num_workers: int = 2,
+    batch_size: int = 8,
+    seed: int = 0,
+) -> DemoReport:
+    """Make, convert (``workers`` converter processes; None: the CPU count) and stream
+    (``num_workers`` DataLoader workers) the sample dataset in ``workdir`` (recreated); train
+    one epoch."""
+    from lerobot_shards import ShardedDataLoader, ShardedLeRobotDataset, convert
+
+    workdir = Path(workdir)
+    if workdir.exists():
+        shutil.rmtree(workdir)
+    source = make_demo_dataset(workdir / "lerobot", seed=seed)
     started = time.perf_counter()
     summary = convert(str(source), str(workdir / "shards"), workers=workers, progress=False)
     convert_seconds = time.perf_counter() - started
 
     ds = ShardedLeRobotDataset(str(workdir / "shards"), seed=seed, buffer_size=4, return_uint8=True)
-    loader = ShardedDataLoader(ds, batch_size=batch_size, num_workers=workers)
+    loader = ShardedDataLoader(ds, batch_size=batch_size, num_workers=num_workers)
     model = TinyPolicy(len(ds.meta.camera_keys), state_dim=4, action_dim=4)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
 

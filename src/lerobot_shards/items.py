@@ -75,6 +75,9 @@ class EpisodeColumns:
     image_sizes: dict[str, tuple[int, int]] = field(default_factory=dict)
     """Per image feature, its (height, width): a decoded image of another size is refused
     (shards; a LeRobot source leaves it empty)."""
+    image_channels: dict[str, int] = field(default_factory=dict)
+    """Per image feature, its channels: an image of other bands is refused (shards; a LeRobot
+    source leaves it empty)."""
 
     @classmethod
     def from_table(
@@ -82,6 +85,8 @@ class EpisodeColumns:
         table: pa.Table,
         image_keys: Sequence[str] = (),
         image_sizes: Mapping[str, tuple[int, int]] | None = None,
+        *,
+        image_channels: Mapping[str, int] | None = None,
     ) -> EpisodeColumns:
         tensors: dict[str, torch.Tensor] = {}
         images: dict[str, list] = {}
@@ -101,8 +106,16 @@ class EpisodeColumns:
             else:
                 tensors[name] = torch.from_numpy(array)
         sizes = dict(image_sizes or {})
+        channels = dict(image_channels or {})
         return cls(
-            list(table.column_names), tensors, images, others, table.num_rows, language, sizes
+            list(table.column_names),
+            tensors,
+            images,
+            others,
+            table.num_rows,
+            language,
+            sizes,
+            channels,
         )
 
     def value(self, name: str, positions: int | np.ndarray) -> object:
@@ -130,7 +143,8 @@ class EpisodeColumns:
         cell = self.images[name][position]
         if not isinstance(cell, torch.Tensor):
             size = self.image_sizes.get(name)
-            array = decode_image(cell, size, allow_path=size is None)
+            channels = self.image_channels.get(name)
+            array = decode_image(cell, size, allow_path=size is None, channels=channels)
             cell = torch.from_numpy(array).permute(2, 0, 1).contiguous()
             self.images[name][position] = cell
         return cell

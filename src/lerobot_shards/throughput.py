@@ -176,7 +176,7 @@ def stream(
     epochs: int | None = None,
     buffer_size: int = 64,
     byte_budget_gb: float | None = None,
-    return_uint8: bool = True,
+    return_uint8: bool = False,
     shuffle: bool = True,
     seed: int = 0,
     warmup_batches: int = 1,

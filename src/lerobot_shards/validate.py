@@ -129,6 +129,11 @@ def frame_size(feature: Mapping) -> tuple[int, int]:
     return height, width
 
 
+def frame_channels(feature: Mapping) -> int:
+    """Channels of a camera feature's frames, by LeRobot's rule (:func:`value_kind`)."""
+    return value_kind(feature, False)[1][0]
+
+
 def row_keys(features: Mapping[str, Mapping]) -> list[str]:
     """The columns of a dataset's rows, in the order LeRobot reads them (and an item's keys
     follow): the features' order, the videos left out. LeRobot reads the rows through Hugging
@@ -327,14 +332,20 @@ def _check_image_column(column: pa.ChunkedArray, key: str, where: str) -> None:
 
 
 def decode_image(
-    value: object, size: tuple[int, int] | None = None, allow_path: bool = True
+    value: object,
+    size: tuple[int, int] | None = None,
+    allow_path: bool = True,
+    channels: int | None = None,
 ) -> np.ndarray:
-    """PNG/JPEG bytes (LeRobot's ``image`` feature: a struct of bytes and path) to HWC uint8;
-    bytes that are no image raise ValueError, as every other lie of an image does.
+    """PNG/JPEG bytes (LeRobot's ``image`` feature: a struct of bytes and path) to HWC uint8,
+    one channel per band of the image as stored, as LeRobot's ``ToTensor`` makes them (a
+    grayscale PNG is one channel, never made RGB); bytes that are no image raise ValueError, as
+    every other lie of an image does.
 
-    ``size`` (height, width): the size the features declare, checked before the pixels are
-    decoded. ``allow_path``: a row naming a file instead of holding its bytes is read from
-    disk (a LeRobot dataset being recorded); shards hold the bytes, and never send a reader
+    ``size`` (height, width) and ``channels``: what the features declare, checked before the
+    pixels are decoded (a grayscale PNG of a 3-channel feature is a lie: LeRobot would serve it
+    as one channel). ``allow_path``: a row naming a file instead of holding its bytes is read
+    from disk (a LeRobot dataset being recorded); shards hold the bytes, and never send a reader
     elsewhere."""
     from PIL import Image  # here: a dataset without images never imports it
 
@@ -352,7 +363,18 @@ def decode_image(
                 raise ValueError(
                     f"an image is {img.height}x{img.width}, the features say {size[0]}x{size[1]}"
                 )
-            return np.array(img.convert("RGB"))  # writable, for torch.from_numpy
+            bands = len(img.getbands())
+            if channels is not None and bands != channels:
+                raise ValueError(
+                    f"an image is {bands}-channel (PIL mode {img.mode}), the features say "
+                    f"{channels} channels"
+                )
+            if img.mode == "1":  # ToTensor: 0 or 1.0, as 0 or 255 here
+                return np.array(img, dtype=np.uint8)[..., None] * np.uint8(255)
+            array = np.array(img)  # writable, for torch.from_numpy
+            if array.dtype != np.uint8:
+                raise ValueError(f"an image of PIL mode {img.mode} is not 8 bits per channel")
+            return array.reshape(img.height, img.width, bands)
     except (OSError, SyntaxError, Image.DecompressionBombError) as exc:  # PIL's decode errors
         raise ValueError(f"an image does not decode: {exc}") from exc
 

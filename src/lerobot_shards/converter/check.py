@@ -49,6 +49,7 @@ from lerobot_shards.validate import (
     check_tar_member,
     check_totals,
     decode_image,
+    frame_channels,
     frame_size,
     parse_header,
     parse_index,
@@ -411,12 +412,13 @@ def verify_episode(
 
 def _image_check(rows: pa.Table, meta: Any) -> list[str]:
     """Every image of an image dataset's rows decoded as the reader decodes one
-    (``validate.decode_image``: bytes, not a path, of the features' size): the first bad one."""
+    (``validate.decode_image``: bytes, not a path, of the features' size and channels): the
+    first bad one."""
     for key in meta.image_keys:
-        size = frame_size(meta.features[key])
+        size, channels = frame_size(meta.features[key]), frame_channels(meta.features[key])
         for position, cell in enumerate(rows.column(key).to_pylist()):
             try:
-                decode_image(cell, size, allow_path=False)
+                decode_image(cell, size, allow_path=False, channels=channels)
             except ValueError as exc:
                 return [f"image {key!r} of row {position}: {exc}"]
     return []

@@ -87,17 +87,22 @@ EXECUTORS = ("local", "ray")
 
 @dataclass
 class ConvertSummary:
+    """What :func:`convert` did, and the converted dataset's totals."""
+
     dest: str
+    """The converted dataset, as given."""
     episodes: int
     """Episodes in the converted dataset."""
     converted: int
     """Episodes converted by this run (the others were already done)."""
     frames: int
+    """Frames in the converted dataset."""
     bytes: int
     """Total shard bytes of the dataset."""
     written_bytes: int
     """Shard bytes written by this run."""
     seconds: float
+    """How long the conversion took."""
     decode_check: bool = False
     """Whether each cut's first frame was decoded (what ``line`` says was checked)."""
     poisons: list[Poison] = field(default_factory=list)
@@ -122,6 +127,7 @@ class ConvertSummary:
         ]
 
     def line(self) -> str:
+        """The summary in one line, as ``lerobot-shards convert`` prints it."""
         rate = self.written_bytes / 1e6 / self.seconds if self.seconds else 0.0
         checked = "each cut's first frame decoded" if self.decode_check else "no frame decoded"
         return (
@@ -152,32 +158,51 @@ def convert(
 ) -> ConvertSummary:
     """Convert a LeRobot dataset (v3.0 or v2.1) at ``source`` into shards at ``dest``.
 
-    ``source``: a local path, an fsspec URL (``s3://``, ``https://``, ``hf://datasets/...``),
-    or a Hub repo id, read from LeRobot's local copy when it has one (``source/location.py``).
-
     Reruns resume: only missing or broken episodes are converted. A finished shard is kept if
-    it still has its recorded size and checksum, which reads it once; ``trust_finished`` checks
-    the size only (for a resume on object storage, where reading means downloading).
-    ``overwrite`` deletes ``dest`` first; without it, a destination holding another conversion
-    is refused.
+    it still has its recorded size and checksum, which reads it once. Both executors write the
+    same bytes. Every cut is checked to hold exactly the episode's frames at the rows'
+    timestamps; ``verify --deep`` decodes every frame.
 
-    ``executor="local"``: ``workers`` processes, default the CPU count; 0 or 1 converts in this
-    process (also forced for ``memory://`` paths, whose contents live in one process).
-    ``executor="ray"``: Ray tasks on the cluster at ``ray_address`` (default: ``RAY_ADDRESS``,
-    else a new local Ray instance; an already initialised Ray is used as it is); source and
-    destination must be reachable from every node. ``max_in_flight`` bounds the episodes
-    submitted and not yet collected (default: two pool tasks of up to ``MAX_BATCH`` episodes
-    per worker, or twice the cluster's CPUs).
-    Both executors write the same bytes.
+    Args:
+        source: The LeRobot dataset: a local path, an fsspec URL (``s3://``, ``https://``,
+            ``hf://datasets/...``), or a Hub repo id, read from LeRobot's local copy when it has
+            one (``source/location.py``).
+        dest: Where the shards go: a local path or an fsspec URL.
+        episodes: The episode indices to convert; None converts all.
+        workers: With ``executor="local"``, converter processes; None: the CPU count
+            (``os.cpu_count()``); 0 or 1 converts in this process (so do ``memory://`` paths,
+            whose contents live in one process). Not for Ray, which runs a task per episode on
+            the cluster's CPUs.
+        overwrite: Delete ``dest`` first and start afresh; without it, a destination holding
+            another conversion is refused.
+        storage_options: fsspec options for ``source`` (an endpoint, credentials: MinIO, R2,
+            ...).
+        dest_storage_options: fsspec options for ``dest``; None: none.
+        progress: Show a progress bar.
+        tolerance_s: Most seconds a video frame may be from its row's timestamp (LeRobot's own
+            default).
+        executor: ``"local"``: a process pool on this machine; ``"ray"``: Ray tasks on the
+            cluster at ``ray_address`` (``pip install 'lerobot-shards[ray]'``; source and
+            destination must be reachable from every node).
+        ray_address: The Ray cluster; None: ``RAY_ADDRESS``, else a new local Ray instance (an
+            already initialised Ray is used as it is).
+        max_in_flight: Most episodes submitted and not yet collected; None: two pool tasks of up
+            to 64 consecutive episodes per worker, or with Ray twice the cluster's CPUs.
+        decode_check: Also decode each cut's first frame, which catches damaged codec parameters
+            and first keyframes in the source for one keyframe decode per episode and camera
+            (about 45% more time per episode).
+        trust_finished: On a rerun, keep a finished shard that has its recorded size without
+            reading it to check its checksum (for a resume on object storage, where reading
+            means downloading).
 
-    Every cut is checked to hold exactly the episode's frames at the rows' timestamps; with
-    ``decode_check`` its first frame is also decoded, which catches damaged codec parameters and
-    first keyframes in the source for one keyframe decode per episode and camera (off by
-    default: about 45% more time per episode). Every frame is decoded by ``verify --deep``.
+        strict: Refuse a dataset whose rows hold non-finite values (NaN, Inf). Whether or
+            not, the rows are searched for what poisons training (``poisons.py``: non-finite
+            values, action or state dimensions constant over an episode, one-frame episodes),
+            reported in the summary and written to ``poisons.json``.
 
-    The rows are searched for what poisons training (``poisons.py``: non-finite values, action
-    or state dimensions constant over an episode, one-frame episodes), reported in the summary
-    and written to ``poisons.json``; ``strict`` refuses non-finite values.
+    Returns:
+        What was converted, the dataset's totals and the poisons found (``summary.line()``
+        says it in one line).
     """
     started = time.perf_counter()
     if executor not in EXECUTORS:

@@ -169,6 +169,13 @@ def collate(batch: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
     Any ``collate_fn`` that ends in ``default_collate`` (torch's default, LeRobot's
     ``lerobot_collate_fn``) is as fast; this name is kept for loops written against it.
+
+    Args:
+        batch: The items of one batch, as the DataLoader hands them to its ``collate_fn``.
+
+    Returns:
+        One tensor per key (camera frames channel-last in memory, never transposed), strings
+        as lists.
     """
     return default_collate(batch)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import secrets
 import socket
 import time
@@ -147,3 +148,40 @@ def entry_files(entries: Path) -> dict[str, Path]:
             for f in os.scandir(sub.path):
                 found[f"sha256:{f.name}"] = Path(f.path)
     return found
+
+
+MOUNTINFO = Path("/proc/self/mountinfo")
+NETWORK_FILESYSTEMS = {
+    "nfs", "nfs4", "lustre", "cifs", "smb3", "smbfs", "ceph", "gpfs", "beegfs", "glusterfs",
+    "afs", "9p", "panfs", "wekafs", "fuse",
+}  # fmt: skip
+"""Filesystem types (before a FUSE type's dot) whose files live on another host."""
+LOCAL_FUSE = {"fuse.fuse-overlayfs", "fuse.lxcfs", "fuseblk"}
+"""FUSE filesystems that are local: a container's root, lxcfs's /proc files, a local disk."""
+
+
+def network_filesystem(directory: Path) -> tuple[str, str] | None:
+    """``(type, mount point)`` of the network or FUSE filesystem that holds ``directory`` (or
+    its nearest existing parent), None on a local one or where the mounts cannot be read
+    (no ``/proc``). Why: the cache's SQLite database in WAL mode is unsafe across hosts, and a
+    cache on a network filesystem reads every hit over the network again."""
+    try:
+        lines = MOUNTINFO.read_text().splitlines()
+    except OSError:
+        return None
+    while not directory.exists() and directory != directory.parent:
+        directory = directory.parent
+    path = os.path.realpath(directory)
+    best: tuple[str, str] | None = None
+    for line in lines:
+        fields, _, after = line.partition(" - ")
+        parts = fields.split()
+        if len(parts) < 5 or not after:
+            continue
+        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), parts[4])  # \040: a space
+        inside = path == point or path.startswith(point.rstrip("/") + "/")
+        if inside and (best is None or len(point) >= len(best[1])):
+            best = (after.split()[0], point)  # the last mount over a point is the one seen
+    if best is None or best[0] in LOCAL_FUSE or best[0].split(".")[0] not in NETWORK_FILESYSTEMS:
+        return None
+    return best

@@ -23,6 +23,7 @@ from pathlib import Path
 import fsspec
 
 from lerobot_shards.reader.fetch.cache import CacheStore, CacheUnavailable, Ready, Reservation, Wait
+from lerobot_shards.reader.fetch.cache_files import network_filesystem
 from lerobot_shards.reader.fetch.ranged import Span, read_span
 
 log = logging.getLogger("lerobot_shards.reader.fetch")
@@ -39,6 +40,16 @@ class CachedReads:
     def __init__(self, directory: str | os.PathLike, limit_bytes: int | None) -> None:
         self.directory = Path(directory)
         self.limit_bytes = limit_bytes
+        remote = network_filesystem(self.directory)
+        if remote is not None:
+            log.warning(
+                "the episode cache %s is on a network filesystem (%s at %s): its SQLite "
+                "database is unsafe across hosts and every hit is read over the network again; "
+                "give it a folder on a local disk of each node (cache_dir=, --cache-dir or "
+                "LEROBOT_SHARDS_CACHE_DIR, e.g. a node-local scratch disk or /tmp)",
+                self.directory,
+                *remote,
+            )
         self._store: CacheStore | None = None
         self._pid: int | None = None
         self._broken = False

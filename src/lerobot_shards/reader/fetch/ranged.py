@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Iterator
@@ -35,6 +36,7 @@ E = TypeVar("E")
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 _END = object()
+FETCH_THREAD = "lerobot-shards-fetch"
 
 # Errors that say the path is wrong, not that the network hiccupped: retrying cannot help.
 _PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
@@ -277,7 +279,7 @@ class Prefetcher(Generic[K, V]):
         consumer waits for a piece only when it first needs it, so draws from pieces already
         loaded go on while the rest of a filling pool loads.
         """
-        pool = ThreadPoolExecutor(self._threads, thread_name_prefix="lerobot-shards-fetch")
+        pool = ThreadPoolExecutor(self._threads, thread_name_prefix=FETCH_THREAD)
         window: deque[tuple[E, str | None, K]] = deque()
         upcoming: deque[K] = deque()  # keys of the admissions in the window, in order
         source = iter(events)
@@ -312,7 +314,10 @@ class Prefetcher(Generic[K, V]):
             for future in self._futures.values():
                 future.cancel()
             self._futures.clear()
-            pool.shutdown(wait=True, cancel_futures=True)
+            # A generator left to the garbage collector may be closed on one of the fetch
+            # threads, which cannot join itself: it then leaves the loads running to finish.
+            in_fetch_thread = threading.current_thread().name.startswith(FETCH_THREAD)
+            pool.shutdown(wait=not in_fetch_thread, cancel_futures=True)
 
     def _schedule(self, pool: ThreadPoolExecutor, upcoming: deque[K]) -> None:
         for n, key in enumerate(upcoming):

@@ -42,6 +42,7 @@ from lerobot_shards.validate import (
     check_header_matches,
     check_rows,
     check_tar_member,
+    frame_channels,
     frame_size,
     parse_header,
     row_keys,
@@ -270,7 +271,10 @@ def load_episode(
     table = check_rows(table, features, header, tasks, where, fps, tolerance_s)
     check_header_cameras(header, features, where)
     sizes = {key: frame_size(features[key]) for key in spec.image_keys}
-    columns = EpisodeColumns.from_table(table.select(row_keys(features)), spec.image_keys, sizes)
+    channels = {key: frame_channels(features[key]) for key in spec.image_keys}
+    columns = EpisodeColumns.from_table(
+        table.select(row_keys(features)), spec.image_keys, sizes, image_channels=channels
+    )
 
     cameras: dict[str, CameraFrames] = {}
     for key in spec.video_keys:

@@ -82,65 +82,90 @@ def node_count(world_size: int) -> int:
 
 class ShardedLeRobotDataset(IterableDataset):
     """A converted LeRobot dataset streamed with exact coverage: every selected frame exactly
-    once per epoch over all ranks and workers, items equal to ``LeRobotSource[i]``.
+    once per epoch over all ranks and workers, items equal to LeRobot's ``LeRobotDataset[i]``.
 
-    ``root`` is a local path or fsspec URL of a converted dataset. ``episodes`` selects episode
-    indices. A list of roots (paths, URLs or :class:`DatasetRoot`, which carries a dataset's own
-    episode selection, storage options and ``key_map``) is a *mixture*: items are each
-    dataset's items plus ``dataset_index``; ``weights`` are each dataset's share of an epoch of
-    ``epoch_size`` samples (default: the total frames; without weights every frame once), exact
-    per frame to floor/ceil and rotating over epochs (``reader/plan/mixture.py``); ``ds.meta`` is a
-    :class:`MixtureMeta`. A mixture whose items would not batch together is refused here.
+    Each new iteration runs the next epoch (``set_epoch`` sets it); the order is a pure
+    function of the seed, the epoch and the layout (ranks, DataLoader workers). Each DataLoader
+    worker streams its part of the epoch through a pool of ``buffer_size`` episodes, drawing
+    from them uniformly. ``len(ds)`` and ``ds.padding`` count this rank's samples per epoch over
+    ``ds.num_workers`` DataLoader workers (:class:`ShardedDataLoader` sets it; inside a worker
+    it is known). Epochs, ``state_dict``/``load_state_dict`` and the state format:
+    ``reader/plan/state.py``.
 
-    At most ``buffer_size`` episodes per DataLoader worker are resident (plus a few
-    prefetched). Decoded frames are held in a cache of ``frame_cache_gb`` (10**9 bytes) per rank,
-    shared out over its DataLoader workers, which keeps the frames the plan draws soonest and
-    decodes again what it dropped: memory for frames does not grow with pool size or episode
-    length. ``byte_budget_gb`` bounds each rank's fetched (compressed) episodes, resident plus
-    prefetched, *and* its frame caches: each worker's equal share pays first for a full pool
-    (its ``buffer_size`` largest episodes) and the frame cache gets what is left, so a budget of
-    a few hundred MB holds hundreds of compressed episodes. An episode is refused only if its
-    bytes alone exceed a worker's share; a budget that holds fewer than ``buffer_size``
-    median-sized episodes is warned about (:class:`SmallPoolWarning`).
-    Batches in flight in the DataLoader are outside the budget (the README says what else, and
-    by how much). ``repeat=True`` streams epoch after epoch.
-    ``delta_timestamps``, ``tolerance_s``, ``image_transforms``, ``return_uint8`` and
-    ``video_backend`` shape items as in LeRobot. ``pad=False`` turns off the padding that gives
-    every rank and worker the same number of samples (for evaluation).
+    Memory: at most ``buffer_size`` episodes per worker are resident (plus a few prefetched),
+    and decoded frames wait in a cache of ``frame_cache_gb`` per rank that keeps the frames the
+    plan draws soonest, so memory for frames does not grow with pool size or episode length.
+    ``byte_budget_gb`` bounds a rank's fetched episodes *and* its frame caches: each worker's
+    equal share pays first for a full pool (its ``buffer_size`` largest episodes) and the frame
+    cache gets what is left. Batches in flight in the DataLoader are outside the budget
+    (``docs/streaming.md`` says what else, and by how much).
 
-    ``node_affinity``: with ranks on several nodes (torchrun's ``LOCAL_WORLD_SIZE``), each node
-    reads the same episodes every epoch, shuffled over its ranks and workers; every frame still
-    once per epoch over all ranks (``split_nodes`` in ``reader/plan/partition.py``), so a
-    node's cache keeps its own share. None (default): on where it saves downloads, when a cache
-    is in use on more than one node, unless an explicit ``cache_limit_gb`` holds the whole
-    dataset (the choice must be the same on every rank, so it never depends on a node's disk).
-
-    ``decode_threads``: threads per iterating process that decode the GOPs of the next
-    ``decode_ahead`` draws while items are built (FFmpeg runs without the GIL, so they use
-    several cores). Default: the physical cores (``reader/loading/cpu.py``: hardware threads of one
-    core count once) shared out over the rank's DataLoader workers, none when there are no more
-    cores than workers (all of them with ``num_workers=0``; with ``lerobot_shards.collate``, one
-    worker per core measured fastest: ``lerobot_shards.suggested_workers()``). ``0`` decodes
-    each GOP when its first frame is drawn, in the iterating thread. The torchcodec backend
-    always decodes that way.
-
-    ``trace_dir``: each iterating process appends where its time goes (fetching, decoding,
-    waiting) to a file in this local folder, for ``lerobot-shards stream --report``
-    (``trace.py``).
-
-    ``cache``, ``cache_dir``, ``cache_limit_gb``: a node-local disk cache of fetched episodes,
-    shared by every rank, worker and job on the node, so that later epochs do not download
-    again (``reader/fetch/cache.py``, ``docs/cache.md``). ``cache=None`` (default) caches remote
-    roots (object storage, HTTP, the Hub), and any root when ``cache_dir`` is given; ``True``
-    caches any root (a shared filesystem's too), ``False`` none. ``cache_dir`` defaults to
-    ``$LEROBOT_SHARDS_CACHE_DIR``, else the user's cache folder; ``cache_limit_gb`` to a share
-    of the disk that never fills it. What it keeps follows the plan: what this node reads
-    soonest (``reader/plan/next_use.py``).
-
-    Epochs, ``state_dict``/``load_state_dict`` and the state format: ``reader/plan/state.py``.
-
-    ``len(ds)`` and ``ds.padding`` count this rank's samples per epoch over ``ds.num_workers``
-    DataLoader workers (set it to the DataLoader's ``num_workers``; inside a worker it is known).
+    Args:
+        root: A local path or fsspec URL of a converted dataset. A list of them (paths, URLs or
+            :class:`DatasetRoot`, which carries a dataset's own episodes, storage options and
+            ``key_map``) is a *mixture*: items are each dataset's items plus ``dataset_index``,
+            and ``ds.meta`` is a :class:`MixtureMeta`. A mixture whose items would not batch
+            together is refused here.
+        weights: A mixture's weights, one per dataset: each dataset's share of an epoch's
+            samples, exact per frame to floor/ceil and rotating over epochs
+            (``reader/plan/mixture.py``). None: every frame once.
+        epoch_size: A mixture's samples per epoch; None: its total frames.
+        episodes: The episode indices to read (of a single dataset; a mixture's datasets take
+            theirs from their :class:`DatasetRoot`). None: all.
+        shuffle: Shuffle each epoch (episodes and the frames within them); False: episodes in
+            order, frames ascending.
+        seed: The seed of every epoch's order (non-negative).
+        buffer_size: Episodes resident in *each DataLoader worker's* pool (the process's own
+            with no workers): a batch of 32 from a pool of 64 mixes about 25 episodes.
+        byte_budget_gb: GB (10**9 bytes) for *each rank* (training process), split equally over
+            its DataLoader workers: its fetched (compressed) episodes, resident and prefetched,
+            and its frame caches. An episode larger than a worker's share is refused; a budget
+            that holds fewer than ``buffer_size`` typical episodes warns
+            (:class:`SmallPoolWarning`). None: no limit.
+        frame_cache_gb: GB of decoded frames held for *each rank*, split over its DataLoader
+            workers (within ``byte_budget_gb`` when one is given).
+        repeat: Stream epoch after epoch in one iteration.
+        delta_timestamps: Neighbours to stack per key, in seconds (multiples of 1/fps), as
+            LeRobot's: ``{"action": [0.0, 0.1]}`` adds ``action`` of the next frame and an
+            ``action_is_pad`` mask.
+        tolerance_s: How far (seconds) a ``delta_timestamps`` value may be from a multiple of
+            1/fps, and a row's timestamp from ``frame_index / fps``, as LeRobot's.
+        image_transforms: A callable applied to each camera frame of an item, as LeRobot's.
+        return_uint8: False (default, as ``LeRobotDataset``): camera frames float32 in [0, 1],
+            so items equal LeRobot's. True: video frames stay uint8 (4x fewer bytes through the
+            DataLoader and to the GPU; normalise there), as LeRobot's own trainer asks for and
+            ``lerobot-shards train`` passes. Image features are float32 either way, as in
+            LeRobot.
+        video_backend: ``"pyav"`` (its wheels bundle FFmpeg) or ``"torchcodec"`` (needs FFmpeg's
+            shared libraries), as LeRobot's.
+        storage_options: fsspec options for the root(s) (an endpoint, credentials: MinIO, R2,
+            ...); a :class:`DatasetRoot`'s own take precedence.
+        pad: Give every rank and worker the same number of samples by repeating a few frames
+            (``ds.padding``); False for evaluation, where each frame counts once.
+        decode_threads: Threads per iterating process that decode the GOPs of the next
+            ``decode_ahead`` draws while items are built (FFmpeg runs without the GIL). None:
+            the physical cores shared out over the rank's DataLoader workers, none when there
+            are no more cores than workers (with ``lerobot_shards.collate``, one worker per
+            core measured fastest: :func:`suggested_workers`). 0: decode each GOP when its first
+            frame is drawn, in the iterating thread (as the torchcodec backend always does).
+        trace_dir: A local folder where each iterating process appends where its time goes
+            (fetching, decoding, waiting), for ``lerobot-shards stream --report``
+            (``trace.py``). None: no trace.
+        cache: The node-local disk cache of fetched episodes, shared by every rank, worker and
+            job on the node, so later epochs do not download again (``docs/caching.md``). None:
+            remote roots (object storage, HTTP, the Hub) are cached, and any root when
+            ``cache_dir`` is given; True: any root (a shared filesystem's too); False: none.
+        cache_dir: The cache folder, on a local disk of the node (one on a network filesystem
+            is warned about). None: ``$LEROBOT_SHARDS_CACHE_DIR``, else the user's cache folder
+            (``~/.cache/lerobot-shards``).
+        cache_limit_gb: Most GB the cache holds; None: the folder's last limit, else half of
+            the disk's free space plus what the cache holds, never the last 5% of the disk (at
+            most 1 GiB).
+        node_affinity: With ranks on several nodes (torchrun's ``LOCAL_WORLD_SIZE``), each node
+            reads the same episodes every epoch, shuffled over its ranks and workers, so its
+            cache keeps its own share; every frame is still read once per epoch over all
+            ranks. None: on when a cache is in use on more than one node, unless an explicit
+            ``cache_limit_gb`` holds the whole dataset (the choice is the same on every rank).
     """
 
     prefetch_depth = 2
@@ -200,8 +225,14 @@ class ShardedLeRobotDataset(IterableDataset):
         """The root as given; of a mixture, the list of roots."""
         self._storage_options = dict(storage_options or {})
         options = ItemOptions(delta_timestamps, tolerance_s, return_uint8, image_transforms)
-        self.catalog = Catalog.open(sources, self._storage_options, options, self.is_mixture)
+        self.catalog: Catalog = Catalog.open(
+            sources, self._storage_options, options, self.is_mixture
+        )
+        """The opened datasets and their episodes under global ids."""
         members = self.catalog.members
+        self.meta: DatasetMeta | MixtureMeta
+        """The dataset's metadata, as LeRobot's ``LeRobotDatasetMetadata`` gives it (a
+        mixture's: :class:`MixtureMeta`)."""
         if self.is_mixture:
             check_batchable(
                 [item_schema(m.meta.features, m.spec) for m in members], [m.root for m in members]

@@ -34,7 +34,16 @@ class DeviceFeed:
     """``loader``'s batches on ``device``, up to ``depth`` copied ahead while the loop's step
     runs (on CUDA, on a side stream), with the loader's ``state_dict``/``load_state_dict`` made
     exact for what the loop consumed (a :class:`ShardedDataLoader`'s; any other iterable of
-    batches is fed without them). Iterate it once per epoch, as the loader."""
+    batches is fed without them). Iterate it once per epoch, as the loader.
+
+    Args:
+        loader: The batches: a :class:`ShardedDataLoader` (its state then counts what the loop
+            took, not what was copied ahead), or any iterable of batches (dicts, lists and
+            tuples of tensors are walked).
+        device: Where the batches go (``"cuda"``, ``"cuda:1"``, a ``torch.device``).
+        depth: Batches copied ahead of the loop (at least 1).
+        non_blocking: Copy asynchronously (from pinned memory, on CUDA).
+    """
 
     def __init__(
         self,
@@ -164,7 +173,17 @@ def to_device(
     non_blocking: bool = True,
 ) -> DeviceFeed:
     """``loader``'s batches on ``device``, each copied while the loop works on the one before
-    (a :class:`DeviceFeed`; checkpoint it with ``feed.state_dict()``)."""
+    (a :class:`DeviceFeed`; checkpoint it with ``feed.state_dict()``).
+
+    Args:
+        loader: The batches (a :class:`ShardedDataLoader`, or any iterable of batches).
+        device: Where the batches go (``"cuda"``, a ``torch.device``).
+        depth: Batches copied ahead of the loop (at least 1).
+        non_blocking: Copy asynchronously (from pinned memory, on CUDA).
+
+    Returns:
+        The feed to iterate once per epoch.
+    """
     return DeviceFeed(loader, device, depth=depth, non_blocking=non_blocking)
 
 

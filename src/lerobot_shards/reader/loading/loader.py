@@ -51,10 +51,18 @@ class ShardedDataLoader(DataLoader):
     and decoding its next epoch's first draws while the last batches drain
     (``warm_start.py``).
 
-    ``mixed_batches`` (default True; with two workers or more): every batch takes the workers'
-    samples one at a time in turn, so it mixes every worker's pool; the workers write their
-    rows straight into shared batches and ``collate_fn`` runs in this process (``mixed.py``).
-    False: each batch is one worker's, as a plain DataLoader makes it.
+    Args:
+        dataset: The dataset to load; the loader sets its ``num_workers``.
+        *args: The DataLoader's positional arguments.
+        mixed_batches: With two workers or more, every batch takes the workers' samples one
+            at a time in turn, so it mixes every worker's pool; the workers write their rows
+            straight into shared batches and ``collate_fn`` runs in this process
+            (``mixed.py``). False: each batch is one worker's, as a plain DataLoader makes it.
+        **kwargs: The DataLoader's keyword arguments, with its defaults: ``batch_size`` (1; None
+            is refused, batches must be counted), ``num_workers`` (0: in this process),
+            ``collate_fn`` (``default_collate``; any that ends in it is as fast),
+            ``persistent_workers`` (False), ``pin_memory``, ``prefetch_factor``, ...; no
+            ``sampler`` or ``shuffle`` (the dataset orders itself).
     """
 
     def __init__(

@@ -43,10 +43,18 @@ share: the parent's next read on one waits for its read timeout (15 s) before s3
 
 @dataclass(frozen=True)
 class DatasetRoot:
-    """One dataset of a mixture, with what is its own: ``root`` (a local path or fsspec URL of
-    a converted dataset), ``episodes`` (a selection; None: all), ``storage_options`` (for its
-    filesystem; None: the mixture's) and ``key_map`` (its keys renamed onto the mixture's common
-    names; a key mapped to None is dropped, and a dropped camera is never decoded)."""
+    """One dataset of a mixture, with what is its own (``ShardedLeRobotDataset([DatasetRoot(...),
+    ...])``).
+
+    Args:
+        root: A local path or fsspec URL of a converted dataset.
+        episodes: The episode indices to read from it; None reads all.
+        storage_options: fsspec options for its filesystem; None takes the mixture's
+            (``ShardedLeRobotDataset``'s ``storage_options``).
+        key_map: Its keys renamed onto the mixture's common names, ``{"its key": "common
+            key"}``; a key mapped to None is dropped (a dropped camera is never decoded).
+            Keys not named keep their names.
+    """
 
     root: str | os.PathLike
     episodes: Sequence[int] | None = None

@@ -44,6 +44,7 @@ class EpisodeTable:
 
     @property
     def column_names(self) -> list[str]:
+        """The columns ``episodes["column"]`` gives."""
         return ["episode_index", "length", "dataset_from_index", "dataset_to_index"]
 
     def _column(self, name: str) -> Any:
@@ -78,10 +79,12 @@ class _FeatureViews:
 
     @property
     def names(self) -> dict[str, Any]:
+        """Per feature, its ``names`` (None where it has none), as LeRobot's."""
         return {key: ft.get("names") for key, ft in self.features.items()}
 
     @property
     def shapes(self) -> dict[str, tuple[int, ...]]:
+        """Per feature, its shape as a tuple, as LeRobot's."""
         return {key: tuple(ft["shape"]) for key, ft in self.features.items()}
 
 
@@ -99,29 +102,40 @@ class DatasetMeta(_FeatureViews):
         manifest: pa.Table,
         root: str,
     ) -> None:
-        self.info = info
+        self.info: dict[str, Any] = info
         """``meta/info.json`` of the source dataset, as converted."""
         self.root = root
+        """The converted dataset's root, as the reader was given it."""
         self.repo_id: str = info.get("repo_id") or root
         """The source's Hub id where the conversion recorded one, else the converted root."""
         self.codebase_version: str = index.codebase_version
+        """The source's LeRobot format (``"v3.0"``, ``"v2.1"``)."""
         features = info.get("features", index.features)
         self.features: dict[str, Any] = {  # shapes as tuples, as LeRobot loads them
             key: {**ft, "shape": tuple(ft["shape"])} if "shape" in ft else dict(ft)
             for key, ft in features.items()
         }
+        """Per key, its feature (``dtype``, ``shape`` as a tuple, ``names``, ``info``), as
+        LeRobot's."""
         self.fps: int | float = info.get("fps", index.fps)
+        """Frames per second."""
         self.video_keys: list[str] = list(index.video_keys)
+        """The cameras stored as video."""
         self.camera_keys: list[str] = list(index.camera_keys)
+        """Every camera: the video keys and the image keys."""
         self.image_keys: list[str] = [k for k in self.camera_keys if k not in self.video_keys]
+        """The cameras stored as images in the rows."""
         self.stats = stats
         """Per feature, per statistic: numpy arrays, as LeRobot loads ``meta/stats.json``
         (``validate.check_stats``)."""
         self.task_names = task_names
         """Task string by ``task_index``."""
         self.total_frames: int = index.total_frames
+        """Frames in the whole converted dataset (whatever a reader selected)."""
         self.total_episodes: int = index.total_episodes
-        self.episodes = EpisodeTable(manifest)
+        """Episodes in the whole converted dataset."""
+        self.episodes: EpisodeTable = EpisodeTable(manifest)
+        """Per-episode metadata, as LeRobot's ``meta.episodes``."""
 
     @property
     def tasks(self) -> Any:
@@ -147,22 +161,27 @@ class DatasetMeta(_FeatureViews):
 
     @property
     def total_tasks(self) -> int:
+        """How many tasks the dataset has."""
         return len(self.task_names)
 
     @property
     def robot_type(self) -> str | None:
+        """The robot the source recorded (``info.json``'s ``robot_type``)."""
         return self.info.get("robot_type")
 
     @property
     def chunks_size(self) -> int | None:
+        """The source's files per chunk (``info.json``; the shards do not use it)."""
         return self.info.get("chunks_size")
 
     @property
     def data_files_size_in_mb(self) -> int | None:
+        """The source's parquet file size cap (``info.json``; the shards do not use it)."""
         return self.info.get("data_files_size_in_mb")
 
     @property
     def video_files_size_in_mb(self) -> int | None:
+        """The source's video file size cap (``info.json``; the shards do not use it)."""
         return self.info.get("video_files_size_in_mb")
 
     @property
@@ -192,6 +211,8 @@ class DatasetMeta(_FeatureViews):
 
     @property
     def has_language_columns(self) -> bool:
+        """Whether the features hold LeRobot's language columns (its trainer then collates
+        with ``lerobot_collate_fn``)."""
         return any(column in self.features for column in LANGUAGE_COLUMNS)
 
     def __repr__(self) -> str:
@@ -288,11 +309,17 @@ class MixtureMeta(_FeatureViews):
         self.features: dict[str, Any] = {
             name(k): ft for k, ft in first.features.items() if name(k) is not None
         }
+        """Dataset 0's features under the common names."""
         self.video_keys = [name(k) for k in first.video_keys if name(k) is not None]
+        """The cameras stored as video, under the common names."""
         self.image_keys = [name(k) for k in first.image_keys if name(k) is not None]
+        """The cameras stored as images, under the common names."""
         self.camera_keys = [*self.video_keys, *self.image_keys]
+        """Every camera, under the common names."""
         self.depth_keys = [name(k) for k in first.depth_keys if name(k) is not None]
+        """The depth cameras, under the common names."""
         self.fps = first.fps
+        """Dataset 0's frames per second."""
         self.fps_per_dataset = [d.fps for d in self.datasets]
         with_stats = [
             (d.stats, k) for d, k in zip(self.datasets, self.key_maps, strict=True) if d.stats
@@ -304,7 +331,9 @@ class MixtureMeta(_FeatureViews):
         )
         """Per feature, per statistic: numpy arrays aggregated over the datasets with stats."""
         self.total_frames = sum(d.total_frames for d in self.datasets)
+        """Frames of every dataset, together."""
         self.total_episodes = sum(d.total_episodes for d in self.datasets)
+        """Episodes of every dataset, together."""
         robots = {d.robot_type for d in self.datasets}
         self.robot_type = robots.pop() if len(robots) == 1 else None
         """The datasets' robot type if they share one, else None."""
