@@ -75,8 +75,8 @@ LOCAL_WORKERS = click.option(
     "--workers",
     type=click.IntRange(min=0),
     show_default="the CPU count",
-    help="Processes of the local executor: converting episodes (convert, demo) or checking "
-    "shards (verify); 0 or 1: in this process.",
+    help="Converter processes of the local executor (convert, demo), or the processes "
+    "checking shards (verify); 0 or 1: in this process.",
 )
 EXECUTOR = click.option(
     "--executor",
