@@ -29,6 +29,7 @@ from lerobot_shards.reader.plan.elastic import (
 from lerobot_shards.reader.plan.partition import samples_per_part, split_parts
 from lerobot_shards.reader.plan.pool import (
     READER_GROUP,
+    RULES,
     Draw,
     one_by_one,
     plan_part,
@@ -67,6 +68,7 @@ def fresh_draws(episodes, lengths, ordering: Ordering, num_parts: int, epoch: in
                 shuffle=ordering.shuffle,
                 num_samples=samples[p],
                 group=READER_GROUP,
+                rule=ordering.draw_rule,
             )
         )
         out.append(
@@ -97,6 +99,7 @@ def reference_ids(episodes, lengths, ordering: Ordering, epoch: int) -> list[int
         seed=ordering.seed,
         epoch=epoch,
         group=READER_GROUP,
+        rule=ordering.draw_rule,
     )
     return [int(begins[e] + f) for e, f in draws]
 
@@ -136,6 +139,7 @@ orderings = st.builds(
     byte_budget=st.sampled_from([None, 60, 200]),
     pad=st.booleans(),
     repeat=st.just(False),
+    draw_rule=st.sampled_from(RULES),
 )
 
 

@@ -10,6 +10,10 @@ from hypothesis import strategies as st
 
 from lerobot_shards.reader.plan.partition import Pieces, part_index, samples_per_part, split_parts
 from lerobot_shards.reader.plan.pool import (
+    DRAW_RULE,
+    RULES,
+    SHUFFLED_TAIL,
+    UNIFORM_PICKS,
     Admit,
     Draw,
     Draws,
@@ -92,17 +96,35 @@ def test_first_draws_cuts_the_runs_at_n():
 
 
 def test_whole_order_of_a_small_case():
-    """Pinned: the order of the pool's rule (a uniformly picked resident) for this case, so a
-    change of order (which would resume old checkpoints into another order) cannot go unseen."""
-    expected = [(5, 0), (5, 1), (2, 0), (7, 0), (7, 1), (5, 2), (5, 3), (0, 1), (0, 2), (0, 0)]
-    reference = reference_draws(COUNTS, SIZES, buffer_size=2, byte_budget=60, seed=0, epoch=0)
-    assert reference == expected
+    """Pinned: the order of each draw rule for this case, so a change of order (which would
+    resume old checkpoints into another order) cannot go unseen. Under a budget that admits the
+    last episode at the end, the rules agree; with every episode resident from the start, rule
+    1's uniform picks leave episode 5, the longest, to the end, and rule 2 shuffles it in."""
+    budgeted = [(5, 0), (5, 1), (2, 0), (7, 0), (7, 1), (5, 2), (5, 3), (0, 1), (0, 2), (0, 0)]
     pieces = one_part(COUNTS)
     sizes = [SIZES[e] for e in pieces.episodes.tolist()]
-    events = planned(pieces, sizes, buffer_size=2, byte_budget=60, seed=[0, 0])
-    assert draws_of(events, pieces) == expected
-    assert [e for e in events if not isinstance(e, Draw)][:3] == [Admit(2), Admit(1), Evict(1)]
-    check_events(events, pieces, sizes, 2, 60)
+    for rule in RULES:
+        reference = reference_draws(
+            COUNTS, SIZES, buffer_size=2, byte_budget=60, seed=0, epoch=0, rule=rule
+        )
+        assert reference == budgeted
+        events = planned(pieces, sizes, buffer_size=2, byte_budget=60, seed=[0, 0], rule=rule)
+        assert draws_of(events, pieces) == budgeted
+        assert [e for e in events if not isinstance(e, Draw)][:3] == [Admit(2), Admit(1), Evict(1)]
+        check_events(events, pieces, sizes, 2, 60)
+    whole = {
+        UNIFORM_PICKS: [(2, 0), (7, 0), (0, 2), (0, 1), (7, 1), (0, 0), (5, 0), (5, 1), (5, 2),
+                        (5, 3)],
+        SHUFFLED_TAIL: [(5, 0), (7, 0), (5, 1), (0, 2), (5, 2), (0, 1), (2, 0), (0, 0), (5, 3),
+                        (7, 1)],
+    }  # fmt: skip
+    for rule, expected in whole.items():
+        assert reference_draws(COUNTS, buffer_size=4, seed=0, epoch=0, rule=rule) == expected
+        events = planned(pieces, None, buffer_size=4, byte_budget=None, seed=[0, 0], rule=rule)
+        assert draws_of(events, pieces) == expected
+    assert reference_draws(COUNTS, buffer_size=4, seed=0, epoch=0) == whole[DRAW_RULE]
+    with pytest.raises(ValueError, match=r"^unknown draw rule 3: this version knows \[1, 2\]$"):
+        plan_part(pieces, None, buffer_size=4, byte_budget=None, seed=[0, 0], rule=3)
 
 
 @settings(max_examples=150, deadline=None)
@@ -113,10 +135,11 @@ def test_whole_order_of_a_small_case():
     seed=st.integers(0, 2**32 - 1),
     epoch=st.integers(0, 1000),
     group=st.sampled_from([1, 2, 3]),
+    rule=st.sampled_from(RULES),
     data=st.data(),
 )
 def test_fast_planner_equals_the_reference_and_resumes_at_any_offset(
-    lengths, buffer_size, budget_slack, seed, epoch, group, data
+    lengths, buffer_size, budget_slack, seed, epoch, group, rule, data
 ):
     rng = np.random.default_rng(len(lengths))
     counts = {3 * i: n for i, n in enumerate(lengths)}
@@ -130,6 +153,7 @@ def test_fast_planner_equals_the_reference_and_resumes_at_any_offset(
         seed=seed,
         epoch=epoch,
         group=group,
+        rule=rule,
     )
     pieces = one_part(counts)
     sizes = [sizes_by_episode[e] for e in pieces.episodes.tolist()]
@@ -137,7 +161,7 @@ def test_fast_planner_equals_the_reference_and_resumes_at_any_offset(
     def plan(start=0):
         return planned(
             pieces, sizes, buffer_size=buffer_size, byte_budget=budget, seed=[seed, epoch],
-            start=start, group=group,
+            start=start, group=group, rule=rule,
         )  # fmt: skip
 
     events = plan()
@@ -148,6 +172,34 @@ def test_fast_planner_equals_the_reference_and_resumes_at_any_offset(
     resumed = plan(start)
     assert draws_of(resumed, pieces) == reference[start:]
     check_events(resumed, pieces, sizes, buffer_size, budget)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 30), min_size=1, max_size=30),
+    buffer_size=st.integers(1, 12),
+    budget_slack=st.one_of(st.none(), st.integers(0, 300)),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_the_rules_draw_alike_until_nothing_is_left_to_admit(
+    lengths, buffer_size, budget_slack, seed
+):
+    """Rule 2 changes only the tail: every draw before the last admission is rule 1's, random
+    number for random number, so a pool smaller than its part mixes as before until then."""
+    rng = np.random.default_rng(seed)
+    counts = {i: n for i, n in enumerate(lengths)}
+    sizes = {e: int(rng.integers(1, 100)) for e in counts}
+    budget = None if budget_slack is None else max(sizes.values()) + budget_slack
+    kwargs = dict(buffer_size=buffer_size, byte_budget=budget, seed=seed, epoch=0, group=2)
+    uniform = reference_draws(counts, sizes, rule=UNIFORM_PICKS, **kwargs)
+    shuffled = reference_draws(counts, sizes, rule=SHUFFLED_TAIL, **kwargs)
+    pieces = one_part(counts)
+    events = planned(pieces, [sizes[e] for e in pieces.episodes.tolist()], buffer_size=buffer_size,
+                     byte_budget=budget, seed=[seed, 0], group=2, rule=UNIFORM_PICKS)  # fmt: skip
+    admits = [i for i, e in enumerate(events) if isinstance(e, Admit)]
+    before = sum(isinstance(e, Draw) for e in events[: admits[-1]]) if admits else 0
+    assert shuffled[:before] == uniform[:before]
+    assert sorted(shuffled) == sorted(uniform)
 
 
 @settings(max_examples=120, deadline=None)
@@ -161,10 +213,21 @@ def test_fast_planner_equals_the_reference_and_resumes_at_any_offset(
     shuffle=st.booleans(),
     seed=st.integers(0, 1000),
     epoch=st.integers(0, 5),
+    rule=st.sampled_from(RULES),
     data=st.data(),
 )
 def test_every_frame_once_over_all_parts_with_equal_lengths(
-    lengths, world_size, num_workers, buffer_size, budget_slack, pad, shuffle, seed, epoch, data
+    lengths,
+    world_size,
+    num_workers,
+    buffer_size,
+    budget_slack,
+    pad,
+    shuffle,
+    seed,
+    epoch,
+    rule,
+    data,
 ):
     episodes = np.arange(len(lengths)) * 2
     total = sum(lengths)
@@ -186,7 +249,7 @@ def test_every_frame_once_over_all_parts_with_equal_lengths(
             sizes = [sizes_by_episode[e] for e in pieces.episodes.tolist()]
             kwargs = dict(
                 buffer_size=buffer_size, byte_budget=budget, seed=[seed, epoch, part],
-                shuffle=shuffle, num_samples=samples[part],
+                shuffle=shuffle, num_samples=samples[part], rule=rule,
             )  # fmt: skip
             events = planned(pieces, sizes, **kwargs)
             check_events(events, pieces, sizes, buffer_size, budget)
@@ -272,22 +335,31 @@ def test_budget_errors():
 
 
 @pytest.mark.parametrize(
-    ("buffer_size", "budget", "group"), [(40, None, 1), (200, None, 2), (25, 3000, 2)]
+    ("buffer_size", "budget", "group", "rule"),
+    [
+        (40, None, 1, UNIFORM_PICKS),
+        (200, None, 2, UNIFORM_PICKS),
+        (25, 3000, 2, UNIFORM_PICKS),
+        (200, None, 2, SHUFFLED_TAIL),
+        (25, 3000, 2, SHUFFLED_TAIL),
+        (400, None, 2, SHUFFLED_TAIL),
+    ],
 )
-def test_larger_epoch_equals_the_reference_with_resume(buffer_size, budget, group):
-    """Long enough to pack the slots and the frame arena and to run batches at full size."""
+def test_larger_epoch_equals_the_reference_with_resume(buffer_size, budget, group, rule):
+    """Long enough to pack the slots and the frame arena and to run batches at full size (and,
+    with a pool of 400, to draw the whole epoch as rule 2's tail)."""
     rng = np.random.default_rng(buffer_size)
     counts = {int(e): int(n) for e, n in enumerate(rng.integers(1, 80, 300))}
     sizes_by_episode = {e: int(rng.integers(1, 500)) for e in counts}
     reference = reference_draws(
         counts, sizes_by_episode, buffer_size=buffer_size, byte_budget=budget, seed=11, epoch=4,
-        group=group,
+        group=group, rule=rule,
     )  # fmt: skip
     pieces = one_part(counts)
     sizes = [sizes_by_episode[e] for e in pieces.episodes.tolist()]
     for start in (0, 1, 777, len(reference) // 2, len(reference) - 1):
         events = planned(pieces, sizes, buffer_size=buffer_size, byte_budget=budget,
-                         seed=[11, 4], start=start, group=group)  # fmt: skip
+                         seed=[11, 4], start=start, group=group, rule=rule)  # fmt: skip
         assert draws_of(events, pieces) == reference[start:]
         check_events(events, pieces, sizes, buffer_size, budget)
 

@@ -79,6 +79,7 @@ def stream_part(
     cursor: Cursor,
     *,
     ordering: Ordering,
+    next_ordering: Ordering | None = None,
     catalog: Catalog,
     cache_bytes: int,
     options: StreamOptions,
@@ -91,7 +92,9 @@ def stream_part(
     """The items of ``part`` from ``cursor.offset`` on (then, with ``ordering.repeat``, of the
     ``following`` epochs' parts), moving ``cursor`` along and recording peaks in ``stats``
     (and, with ``trace``, where the time goes: ``trace.py``). When the part ends, the part
-    ``next_part()`` returns (the next epoch's) is warmed up (``warm_start.py``). With ``node``,
+    ``next_part()`` returns (the next epoch's) is warmed up (``warm_start.py``) under
+    ``next_ordering`` (the next iteration's, default ``ordering``: they differ only while a
+    state of an earlier draw rule is resumed). With ``node``,
     episodes are read through the node-local cache (``node_cache.py``). ``place()``, called
     once per item just before it is made, says where its frames go (a mixed batch's rows:
     ``batches/rows.py``); without it, in a DataLoader worker with ``options.shared_batches``,
@@ -243,7 +246,7 @@ def stream_part(
         if next_part is not None and options.warm_draws:
             warm_start.begin(
                 next_part,
-                ordering,
+                next_ordering or ordering,
                 catalog,
                 options.backend,
                 fetch_piece,

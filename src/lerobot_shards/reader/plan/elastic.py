@@ -46,7 +46,7 @@ from lerobot_shards.reader.plan.partition import (
     split_nodes,
     split_parts,
 )
-from lerobot_shards.reader.plan.pool import READER_GROUP, first_draws, plan_part
+from lerobot_shards.reader.plan.pool import DRAW_RULE, READER_GROUP, first_draws, plan_part
 
 # Entropy word of the rest split's and the rest pools' random streams: apart from the fresh
 # split's (0xFFFF_FFFF) and every fresh pool's ([seed, epoch] or [seed, epoch, part]).
@@ -152,6 +152,9 @@ class Ordering:
     repeat: bool
     node_affinity: bool = False
     """With several nodes, each node reads the same frames every epoch (``split_nodes``)."""
+    draw_rule: int = DRAW_RULE
+    """The pool's draw rule (``pool.py``'s ``RULES``): new orderings draw by the current one;
+    a checkpoint's records the one it was drawn by (1 when its state does not say)."""
 
     def node_shares(self, nodes: int) -> int:
         """Shares a fresh epoch is first cut into over ``nodes`` nodes: 1 without affinity."""
@@ -248,6 +251,7 @@ class Part:
             num_samples=self.num_samples,
             start=start,
             group=READER_GROUP,
+            rule=ordering.draw_rule,
         )
 
 

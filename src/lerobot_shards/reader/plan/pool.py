@@ -7,10 +7,29 @@ millions of draws on resume, and reports what it admits (so the reader can prefe
 
 A draw picks a resident episode uniformly, then the next of its shuffled frames. Picking in
 proportion to the frames left (a uniformly random resident frame) was the first rule; it wastes
-the pool: an episode's frames then run out ever more slowly, so the pool fills with nearly spent
-episodes that are rarely drawn, and a batch of 32 from 64 residents mixed about 21 episodes
-instead of the 25 of uniform picks (16 residents: 9 instead of 14). Every frame is still drawn
-exactly once, whatever the rule.
+the pool while episodes wait to be admitted: an episode's frames then run out ever more slowly,
+so the pool fills with nearly spent episodes that are rarely drawn, and a batch of 32 from 64
+residents mixed about 21 episodes instead of the 25 of uniform picks (16 residents: 9 instead of
+14). Every frame is still drawn exactly once, whatever the rule.
+
+The tail of a part. Once no episode waits (from the start when the pool holds the whole part),
+nothing refills the pool, and uniform picks finish the short episodes first and leave a few
+long ones to the end of the part, whose last batches then hold one or two episodes. So the tail
+is drawn as one shuffle of the residents' remaining frames (``rng.shuffle`` of each resident's
+position repeated by its frames left): every remaining order equally likely, each draw a
+uniformly random remaining frame, the episodes running out together at the end. On 24 episodes
+of 300-500 frames held whole by 2 workers' pools, batches of 32 of the two workers mix 17.9
+distinct episodes instead of 16.5 (a global shuffle: 17.7; ``scripts/bench_mixing.py``); where
+the pool is smaller than its part, only the draws after the last admission change (288 such
+episodes: 28.2 instead of 27.8), as every draw before is that of uniform picks, random number
+for random number. Weighting the tail's picks by the square of the frames left mixed no better
+(17.9), by its square root worse (17.6); always the episode with the most left mixes more (20.7)
+but is no longer a shuffle (``bench_mixing.py --candidates``).
+
+Rule versions (``rule``): :data:`UNIFORM_PICKS` (1) picks uniformly to the end, the rule of
+checkpoints written before the tail was shuffled, kept so that they resume into the very order
+they began; :data:`SHUFFLED_TAIL` (2) shuffles the tail, the rule of every new plan
+(:data:`DRAW_RULE`).
 
 An episode's frames are shuffled in groups (``group``, 2 for the reader: LeRobot's GOP 2) of
 consecutive positions ``group * k ...``, drawn one after the other from that episode: decoding
@@ -23,7 +42,8 @@ number of residents ``n`` and the random stream are fixed: the next ``k`` picks 
 ``rng.integers([n] * k)`` (numpy returns the same values and leaves the generator in the same
 state as ``k`` scalar calls). The planner does not know in advance which draw will empty an
 episode, so it draws a batch of picks speculatively, stops at the first draw that empties an
-episode, rewinds the generator and draws just the picks it used again.
+episode, rewinds the generator and draws just the picks it used again. The tail is one shuffle:
+its draws are worked out whole, in numpy, when it begins.
 """
 
 from __future__ import annotations
@@ -40,6 +60,14 @@ _MIN_BATCH = 16
 _MAX_BATCH = 512
 READER_GROUP = 2
 """The reader's ``group``: LeRobot encodes with GOP 2 (a keyframe every second frame)."""
+UNIFORM_PICKS = 1
+"""Draw rule 1: every draw picks a resident uniformly, to the end of the part."""
+SHUFFLED_TAIL = 2
+"""Draw rule 2: uniform picks while episodes wait for admission; then the part's tail (every
+resident's remaining frames) drawn as one shuffle."""
+DRAW_RULE = SHUFFLED_TAIL
+"""The rule new plans (and the states that record them) use."""
+RULES = (UNIFORM_PICKS, SHUFFLED_TAIL)
 
 
 class Admit(NamedTuple):
@@ -157,6 +185,7 @@ def reference_draws(
     seed: int,
     epoch: int,
     group: int = 1,
+    rule: int = DRAW_RULE,
 ) -> list[tuple[int, int]]:
     """The ``(episode, frame)`` draws of one epoch by :func:`iter_reference_draws`."""
     return list(
@@ -168,6 +197,7 @@ def reference_draws(
             seed=seed,
             epoch=epoch,
             group=group,
+            rule=rule,
         )
     )
 
@@ -181,6 +211,7 @@ def iter_reference_draws(
     seed: int,
     epoch: int,
     group: int = 1,
+    rule: int = DRAW_RULE,
 ) -> Iterator[tuple[int, int]]:
     """The exact-coverage pool, plainly: the ``(episode, frame)`` draws of one epoch.
 
@@ -193,16 +224,23 @@ def iter_reference_draws(
        budget, the first); if none fits, stop. The admitted episode gets ``frames =
        grouped_order(0, count, group, rng)`` (with ``group=1``: ``arange(count)`` shuffled by
        ``rng.shuffle``) and joins the end of the resident order.
-    4. Draw: the resident at position ``int(rng.integers(len(resident)))`` of the resident
-       order; its remaining count drops by one and the frame is ``frames[remaining]``. An
-       episode whose last frame was drawn is evicted (its bytes released) and admission runs
-       again. The epoch ends when nothing is pending or resident.
-    5. An episode larger than the whole budget is a ``ValueError`` (:func:`check_budget`).
+    4. The tail (rule :data:`SHUFFLED_TAIL`): when admission ends with ``pending`` empty and
+       episodes resident, for the first time, ``tail`` = each resident's position in the
+       resident order repeated by its remaining count (int64, in resident order), shuffled in
+       place by ``rng.shuffle``; every later draw takes the resident at the next position of
+       ``tail`` (as the resident order stood when it was made).
+    5. Draw: outside the tail, the resident at position ``int(rng.integers(len(resident)))`` of
+       the resident order; its remaining count drops by one and the frame is
+       ``frames[remaining]``. An episode whose last frame was drawn is evicted (its bytes
+       released) and admission runs again. The epoch ends when nothing is pending or resident.
+    6. An episode larger than the whole budget is a ``ValueError`` (:func:`check_budget`).
 
     One Python step per draw, a scan of the pending list per admission under a budget: the
     slow, obviously correct statement kept for tests and the benchmark; :func:`plan_part` is
     the fast equivalent.
     """
+    if rule not in RULES:
+        raise ValueError(f"unknown draw rule {rule}: this version knows {list(RULES)}")
     sizes = dict(piece_bytes or {})
     if byte_budget is not None:
         check_budget({e: sizes[e] for e in counts if counts[e] > 0}, byte_budget)
@@ -211,24 +249,35 @@ def iter_reference_draws(
     rng.shuffle(order)
     pending = order.tolist()
     resident: list[list] = []  # [episode, frames, remaining]
+    tail: list[list] | None = None  # the tail's residents, draw by draw
     used = 0
 
     def admit() -> None:
-        nonlocal used
+        nonlocal used, tail
         while len(resident) < buffer_size and pending:
             for episode in pending:
                 if byte_budget is None or used + sizes[episode] <= byte_budget:
                     break
             else:
-                return
+                break
             pending.remove(episode)
             frames = grouped_order(0, counts[episode], group, rng)
             resident.append([episode, frames, counts[episode]])
             used += sizes.get(episode, 0)
+        if rule == SHUFFLED_TAIL and tail is None and not pending and resident:
+            remaining = [entry[2] for entry in resident]
+            positions = np.repeat(np.arange(len(resident), dtype=np.int64), remaining)
+            rng.shuffle(positions)
+            tail = [resident[p] for p in positions.tolist()]
 
     admit()
+    drawn_in_tail = 0
     while resident:
-        entry = resident[int(rng.integers(len(resident)))]
+        if tail is None:
+            entry = resident[int(rng.integers(len(resident)))]
+        else:
+            entry = tail[drawn_in_tail]
+            drawn_in_tail += 1
         entry[2] -= 1
         yield entry[0], int(entry[1][entry[2]])
         if entry[2] == 0:
@@ -276,13 +325,61 @@ class _FirstFit:
             node //= 2
 
 
+class _Tail:
+    """The part's tail (rule :data:`SHUFFLED_TAIL`), worked out whole when it begins: every
+    draw's piece and frame, and the draws that empty a piece (in draw order).
+
+    Built from the residents as they stand (pieces, arena offsets, remaining counts, in resident
+    order) with the reference's shuffle; the ``k``-th draw of resident ``s`` takes its frame at
+    ``arena[off[s] + rem[s] - 1 - k]``, as the walk's ``frames[remaining]`` does.
+    """
+
+    def __init__(
+        self,
+        pieces: list[int],
+        offs: list[int],
+        rems: list[int],
+        arena: np.ndarray,
+        starts: np.ndarray,
+        rng: np.random.Generator,
+    ) -> None:
+        rem = np.array(rems, dtype=np.int64)
+        slots = np.repeat(np.arange(len(rem), dtype=np.int64), rem)
+        rng.shuffle(slots)
+        by_slot = np.argsort(slots, kind="stable")  # each slot's draws, in draw order
+        ends = np.cumsum(rem)
+        taken = np.empty(len(slots), dtype=np.int64)  # draws of the same slot before each draw
+        taken[by_slot] = np.arange(len(slots)) - np.repeat(ends - rem, rem)
+        self.pieces = np.array(pieces, dtype=np.int64)[slots]
+        index = np.array(offs, dtype=np.int64)[slots] + rem[slots] - 1 - taken
+        self.frames = arena[index] + starts[self.pieces]
+        self.last_draws = np.sort(by_slot[ends - 1])
+        self.at = 0  # next draw
+        self.emptied = 0  # pieces emptied so far
+
+    def step(self, limit: int, emit: bool) -> tuple[int, Draws | None, int]:
+        """Up to ``limit`` draws, ending at the next draw that empties a piece; ``(made, draws,
+        the piece emptied or -1)``."""
+        last = int(self.last_draws[self.emptied])
+        made = min(limit, last + 1 - self.at)
+        run = slice(self.at, self.at + made)
+        draws = Draws(self.pieces[run].copy(), self.frames[run].copy()) if emit else None
+        self.at += made
+        if self.at <= last:
+            return made, draws, -1
+        self.emptied += 1
+        return made, draws, int(self.pieces[last])
+
+
 class _Pool:
     """State of the fast pool: the residents in admission order and the frame arena.
 
     Resident ``s`` is piece ``piece[s]`` with ``rem[s]`` frames left, whose shuffled frame
     positions are ``arena[off[s] : off[s] + count]``; the walk's ``frames[remaining]`` is
     ``arena[off[s] + remaining]``. An evicted piece leaves the lists at once (its frames stay in
-    the arena until the arena is packed, which padding relies on).
+    the arena until the arena is packed, which padding relies on). In the tail (``tail``, rule
+    :data:`SHUFFLED_TAIL`) the draws come from :class:`_Tail` and ``rem`` is no longer kept;
+    nothing is admitted there, so the arena stays as it is.
     """
 
     def __init__(
@@ -293,9 +390,12 @@ class _Pool:
         byte_budget: int | None,
         rng: np.random.Generator,
         group: int = 1,
+        rule: int = DRAW_RULE,
     ) -> None:
         counts = pieces.counts
         self.group = group
+        self.rule = rule
+        self.tail: _Tail | None = None
         self.counts = counts.tolist()
         self.starts = pieces.starts
         self.rng = rng
@@ -358,6 +458,8 @@ class _Pool:
                 self.used_bytes += self.sizes[piece]
             self._place(piece)
             admitted.append(piece)
+        if self.rule == SHUFFLED_TAIL and self.tail is None and not self.pending and self.piece:
+            self.tail = _Tail(self.piece, self.off, self.rem, self.arena, self.starts, self.rng)
         return admitted
 
     def _place(self, piece: int) -> None:
@@ -398,6 +500,12 @@ class _Pool:
         draw empties a resident before the batch ends, the generator is rewound and only the
         picks used are drawn again.
         """
+        if self.tail is not None:
+            made, draws, evicted = self.tail.step(min(limit, self.total), emit)
+            self.total -= made
+            if evicted >= 0:
+                self._evict(self.piece.index(evicted))
+            return made, draws, evicted
         n = len(self.piece)
         k = min(self.total, limit, self.batch)
         bounds = np.full(k, n, dtype=np.int64)
@@ -430,11 +538,16 @@ class _Pool:
             bitgen.state = saved
             self.rng.integers(bounds[:made])
         self.batch = max(_MIN_BATCH, 2 * made)
+        self._evict(s)
+        return made, draws, evicted
+
+    def _evict(self, s: int) -> None:
+        """Resident ``s`` has been fully drawn: its bytes released, its entries dropped."""
+        evicted = self.piece[s]
         if self.sizes is not None:
             self.used_bytes -= self.sizes[evicted]
         self.last = (evicted, self.off[s])
         del self.piece[s], self.off[s], self.rem[s]
-        return made, draws, evicted
 
     def skip(self, draws: int) -> None:
         """Advance ``draws`` draws, with their evictions and admissions, emitting nothing."""
@@ -464,6 +577,7 @@ def plan_part(
     num_samples: int | None = None,
     start: int = 0,
     group: int = 1,
+    rule: int = DRAW_RULE,
 ) -> Iterator[Event]:
     """The exact-coverage pool for one part, as events: Admit, Draws (runs of draws) and Evict.
 
@@ -482,7 +596,8 @@ def plan_part(
     ``shuffle=False``: pieces in order, frames ascending, still admitting ahead within
     ``buffer_size`` and the budget (in order: the next piece waits until it fits). ``group``:
     a piece's frames are shuffled in groups of that many consecutive episode positions
-    (:func:`grouped_order`).
+    (:func:`grouped_order`). ``rule``: the draw rule's version (:data:`RULES`; the module
+    docstring says what each does).
     """
     table = Pieces.of(pieces)
     counts = table.counts
@@ -498,6 +613,8 @@ def plan_part(
         raise ValueError(f"start must be non-negative, got {start}")
     if group < 1:
         raise ValueError(f"group must be at least 1, got {group}")
+    if rule not in RULES:
+        raise ValueError(f"unknown draw rule {rule}: this version knows {list(RULES)}")
     sizes = None
     if piece_bytes is not None:
         sizes = np.asarray(piece_bytes, dtype=np.int64)
@@ -510,7 +627,7 @@ def plan_part(
     if not shuffle:
         return _plan_in_order(table, sizes, buffer_size, byte_budget, samples, start)
     rng = np.random.default_rng(list(seed))
-    pool = _Pool(table, sizes, buffer_size, byte_budget, rng, group)
+    pool = _Pool(table, sizes, buffer_size, byte_budget, rng, group, rule)
     return _plan_shuffled(pool, real, samples, start)
 
 

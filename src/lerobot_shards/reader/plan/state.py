@@ -46,7 +46,14 @@ The state format: a plain dict (JSON-serialisable).
   each worker had produced went sample by sample; False (or absent, in states of earlier
   versions): each batch came from one worker.
 - ``seed``, ``shuffle``, ``buffer_size``, ``byte_budget`` (bytes or None), ``pad``, ``repeat``,
-  ``node_affinity`` (False when absent): the settings that shape the order. ``byte_budget`` is
+  ``node_affinity`` (False when absent): the settings that shape the order.
+- ``draw_rule``: the version of the pool's draw rule the order was drawn by (``pool.py``:
+  1, uniform picks to the end of each part, is what a state without it was drawn by; 2 shuffles
+  each part's tail). A state of another rule whose layout and settings match resumes exactly,
+  under its own rule, for the iteration it resumes (with ``repeat``, the whole endless stream);
+  every iteration started afresh after it draws by the current rule, and the states record
+  whichever rule their iteration draws by. A state of a rule this version does not know is
+  refused. ``byte_budget`` is
   each part's pool budget for fetched episodes: the rank's ``byte_budget_gb`` split over the
   layout's DataLoader workers, less each worker's frame cache.
 - ``fingerprint``: ``format.manifest_fingerprint`` of the selected episodes' manifest rows (of a
@@ -79,7 +86,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from lerobot_shards.reader.plan.elastic import (
@@ -91,6 +98,7 @@ from lerobot_shards.reader.plan.elastic import (
     consumed_per_worker,
 )
 from lerobot_shards.reader.plan.interleave import Interleave
+from lerobot_shards.reader.plan.pool import RULES, UNIFORM_PICKS
 
 
 @dataclass
@@ -112,6 +120,8 @@ class Cursor:
     interleave: Interleave | None = None
     """With mixed batches: where this iteration's samples of every worker go (``interleave.py``);
     the iterating worker is its lane ``Context.worker``."""
+    ordering: Ordering | None = None
+    """What this iteration draws by: the context's, under a resumed state's draw rule."""
 
     def advance(self, part: Part) -> None:
         """Move to the start of ``part``, the next epoch's (the stream ran on into it)."""
@@ -147,6 +157,7 @@ def describe(
         "pad": ordering.pad,
         "repeat": ordering.repeat,
         "node_affinity": ordering.node_affinity,
+        "draw_rule": ordering.draw_rule,
         "mixed_batches": mixed_batches,
         "fingerprint": fingerprint,
     }
@@ -167,6 +178,11 @@ def describe(
     return state
 
 
+def drawn_by(ordering: Ordering, rule: int | None) -> Ordering:
+    """``ordering`` under draw rule ``rule`` (None: its own)."""
+    return ordering if rule is None else replace(ordering, draw_rule=rule)
+
+
 def checkpoint_of(state: Mapping[str, Any]) -> Checkpoint:
     """The checkpoint a full state describes; refused if it does not record its layout."""
     try:
@@ -179,6 +195,13 @@ def checkpoint_of(state: Mapping[str, Any]) -> Checkpoint:
                 "lerobot_shards.ShardedDataLoader or with ds.num_workers set"
             )
         origin = state.get("resumed_from")
+        rule = int(state.get("draw_rule", UNIFORM_PICKS))
+        if rule not in RULES:
+            raise ValueError(
+                f"this state was drawn by draw rule {rule}, which this version does not know "
+                f"(it knows {list(RULES)}): resume it with the version of lerobot-shards that "
+                "wrote it, or a newer one"
+            )
         return Checkpoint(
             epoch=int(state["epoch"]),
             offset=int(state["offset"]),
@@ -192,6 +215,7 @@ def checkpoint_of(state: Mapping[str, Any]) -> Checkpoint:
                 bool(state["pad"]),
                 bool(state["repeat"]),
                 bool(state.get("node_affinity", False)),
+                rule,
             ),
             origin=None if origin is None else checkpoint_of(origin),
             mixed_batches=bool(state.get("mixed_batches", False)),
@@ -239,6 +263,8 @@ class Position:
         self.current = (0, 0)  # where the current (or last) iteration started
         self.next_origin: Checkpoint | None = None  # with an elastic rest: its checkpoint
         self.current_origin: Checkpoint | None = None
+        self.next_rule: int | None = None  # a resumed state's draw rule (None: the current)
+        self.current_rule: int | None = None
         self.batch_size = 1
         self.worker_state: dict | None = None  # a StatefulDataLoader worker's loaded state
         self.pending = False  # a loaded state not yet iterated
@@ -253,6 +279,7 @@ class Position:
             return
         self.next = self.current = (int(epoch), 0)
         self.next_origin = self.current_origin = None
+        self.next_rule = self.current_rule = None
         self.worker_state = None
         self.pending = False
         self.check_workers = None
@@ -264,8 +291,10 @@ class Position:
         which took this object's position when they started): record it as the current one,
         as :meth:`start` would, so that ``state(num_samples=...)`` counts from it."""
         self.current, self.current_origin = self.next, self.next_origin
+        self.current_rule = self.next_rule
         self.next = (self.next[0] + 1, 0)
         self.next_origin = None
+        self.next_rule = None
         self.worker_state = None
         self.pending = False
         self.check_workers = None
@@ -285,14 +314,14 @@ class Position:
         b = self.batch_size if batch_size is None else max(1, int(batch_size))
         cursor = self.cursor
 
-        def describe_here(epoch, offset, workers, origin):
+        def describe_here(epoch, offset, workers, origin, rule):
             return describe(
                 epoch,
                 offset,
                 b,
                 ctx.world_size,
                 workers,
-                ctx.ordering,
+                drawn_by(ctx.ordering, rule),
                 fingerprint,
                 origin,
                 ctx.nodes,
@@ -312,12 +341,14 @@ class Position:
                     "missing frames: use lerobot_shards.ShardedDataLoader (it knows), or set "
                     "ds.num_workers to the DataLoader's num_workers"
                 )
-            return describe_here(epoch, offset + int(num_samples), workers, self.current_origin)
+            offset += int(num_samples)
+            return describe_here(epoch, offset, workers, self.current_origin, self.current_rule)
         if cursor is None:
             epoch, offset = self.next
             workers = ctx.workers if ctx.in_worker else num_workers
-            return describe_here(epoch, offset, workers, self.next_origin)
+            return describe_here(epoch, offset, workers, self.next_origin, self.next_rule)
         origin = cursor.origin
+        rule = None if cursor.ordering is None else cursor.ordering.draw_rule
         if origin is not None and (ctx.ordering.repeat or cursor.offset < cursor.per_epoch):
             epoch, offset = cursor.stream_epoch, cursor.stream_offset
         else:
@@ -325,7 +356,9 @@ class Position:
             epoch, offset = cursor.epoch, cursor.offset
             if offset >= cursor.per_epoch and (cursor.per_epoch > 0 or cursor.origin):
                 epoch, offset = epoch + 1, 0
-        state = describe_here(epoch, offset, cursor.num_workers, origin)
+                if not ctx.ordering.repeat:  # the next iteration's: it starts afresh
+                    rule = None
+        state = describe_here(epoch, offset, cursor.num_workers, origin, rule)
         if ctx.in_worker:
             state.update(worker_id=ctx.worker, role=cursor.role)
         return state
@@ -366,6 +399,7 @@ class Position:
         self.next_origin = None
         self.worker_state = dict(state) if worker_state else None
         self.next = (epoch, offset)
+        self.next_rule = None
         if "world_size" in state:  # a full state: the layout and settings are known
             checkpoint = checkpoint_of(state)
             theirs, ours = checkpoint.layout, ctx.layout
@@ -373,8 +407,11 @@ class Position:
             shares = checkpoint.ordering.node_shares(theirs.nodes)
             same = same and shares == ctx.ordering.node_shares(ours.nodes)
             same = same and checkpoint.mixed_batches == ctx.mixed_batches
-            if same and checkpoint.ordering == ctx.ordering:
+            rule = checkpoint.ordering.draw_rule
+            if same and checkpoint.ordering == drawn_by(ctx.ordering, rule):
                 self.next_origin = checkpoint.origin
+                if rule != ctx.ordering.draw_rule:  # resumed exactly, under its own rule
+                    self.next_rule = rule
             elif worker_state:
                 raise ValueError(
                     "this is a StatefulDataLoader worker's state, taken under another layout or "
@@ -391,6 +428,7 @@ class Position:
         self.check_mixed = None if worker_state else ctx.mixed_batches
         self._check_offset(state, ctx, planner, first_part, where)
         self.current, self.current_origin = self.next, self.next_origin
+        self.current_rule = self.next_rule
         self.pending = True
         self.cursor = None
 
@@ -430,9 +468,12 @@ class Position:
         records (``ds.num_workers`` in process, the loader's in a worker)."""
         epoch, offset = self.next
         origin = self.next_origin
+        rule, self.next_rule = self.next_rule, None
         self.next = (epoch + 1, 0)
         self.current, self.current_origin = (epoch, offset), origin
+        self.current_rule = rule
         self.next_origin = None
+        ordering = drawn_by(ctx.ordering, rule)
         workers = ctx.workers
         expected, self.check_workers = self.check_workers, None
         if expected is not None and expected != workers:
@@ -463,7 +504,6 @@ class Position:
         elif workers == 1:
             role, taken = 0, offset
         else:
-            ordering = ctx.ordering
             per_worker = [
                 planner.locate(origin, epoch, ordering, num_parts, first_part + w, 0, ctx.nodes)[0]
                 for w in range(workers)
@@ -478,12 +518,13 @@ class Position:
                 left = None if ordering.repeat else [counts[r] - consumed[r] for r in roles]
                 interleave = Interleave(left, workers)
         part, k, following = planner.locate(
-            origin, epoch, ctx.ordering, num_parts, first_part + role, taken, ctx.nodes
+            origin, epoch, ordering, num_parts, first_part + role, taken, ctx.nodes
         )
         if origin is not None:
             self.next = (part.epoch + 1, 0)
         rest = origin if part.positions is not None else None
         cursor = Cursor(role, part.epoch, k, part.num_samples, rest, epoch, taken, num_workers)
         cursor.interleave = interleave
+        cursor.ordering = ordering
         self.cursor = cursor
         return part, following, cursor
