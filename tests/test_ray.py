@@ -20,6 +20,7 @@ from support.required import importorskip
 from lerobot_shards import convert
 from lerobot_shards.cli import main
 from lerobot_shards.converter import ray_executor
+from lerobot_shards.converter.check import verify_dataset
 from lerobot_shards.converter.job import DONE_DIR, read_records
 from lerobot_shards.converter.lock import LOCK_FILE
 from lerobot_shards.converter.run import ConvertError, convert_episode
@@ -206,3 +207,16 @@ def test_ray_options_are_checked(golden: Path, tmp_path: Path):
     assert result.exit_code == 1
     assert "workers is for the local executor" in result.output
     assert not Path(dest).exists()
+
+
+def test_verify_checks_shards_on_ray(ray_cluster: str, golden: Path, tmp_path: Path):
+    """``verify --executor ray``: the shards checked as Ray tasks find what one process finds."""
+    dest = tmp_path / "out"
+    convert(str(golden), str(dest), workers=0, progress=False)
+    flipped = dest / shard_path(2)
+    data = bytearray(flipped.read_bytes())
+    data[len(data) // 2] ^= 1
+    flipped.write_bytes(bytes(data))
+    here = verify_dataset(str(dest))
+    assert [p.episode_index for p in here] == [2]
+    assert verify_dataset(str(dest), executor="ray") == here

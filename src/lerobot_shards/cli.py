@@ -72,11 +72,25 @@ def storage_options(name: str = "--storage-options", verb: str = "read from") ->
     )
 
 
-CONVERTER_WORKERS = click.option(
+LOCAL_WORKERS = click.option(
     "--workers",
     type=click.IntRange(min=0),
     show_default="the CPU count",
-    help="Converter processes of the local executor (0 or 1: convert in this process).",
+    help="Converter processes of the local executor (convert, demo), or the processes "
+    "checking shards (verify); 0 or 1: in this process.",
+)
+EXECUTOR = click.option(
+    "--executor",
+    type=click.Choice(["local", "ray"]),
+    default="local",
+    show_default=True,
+    help="Where episodes are converted (convert) or shards checked (verify): a local process "
+    "pool, or Ray tasks on a cluster (needs pip install 'lerobot-shards[ray]').",
+)
+RAY_ADDRESS = click.option(
+    "--ray-address",
+    show_default="RAY_ADDRESS, else a new local Ray instance",
+    help="The Ray cluster to connect to.",
 )
 
 
@@ -199,24 +213,13 @@ def main() -> None:
 @click.argument("source")
 @click.argument("dest")
 @EPISODES
-@CONVERTER_WORKERS
+@LOCAL_WORKERS
 @storage_options()
 @storage_options("--dest-storage-options", "written to")
 @click.option("--overwrite", is_flag=True, help="Delete DEST first and start afresh.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
-@click.option(
-    "--executor",
-    type=click.Choice(["local", "ray"]),
-    default="local",
-    show_default=True,
-    help="Where episodes are converted: a local process pool, or Ray tasks on a cluster "
-    "(needs pip install 'lerobot-shards[ray]').",
-)
-@click.option(
-    "--ray-address",
-    show_default="RAY_ADDRESS, else a new local Ray instance",
-    help="The Ray cluster to connect to.",
-)
+@EXECUTOR
+@RAY_ADDRESS
 @click.option(
     "--max-in-flight",
     type=click.IntRange(min=1),
@@ -328,18 +331,53 @@ def inspect(roots: tuple[str, ...], as_json: bool, storage_options: dict) -> Non
 @main.command()
 @click.argument("root")
 @click.option("--deep", is_flag=True, help="Also decode every frame of every camera.")
+@click.option(
+    "--sample",
+    type=click.IntRange(min=0),
+    show_default="every shard",
+    help="Check N shards drawn at random (0: the manifest side only).",
+)
+@LOCAL_WORKERS
+@EXECUTOR
+@RAY_ADDRESS
+@click.option("--no-progress", is_flag=True, help="No progress bar.")
 @storage_options()
-def verify(root: str, deep: bool, storage_options: dict) -> None:
-    """Check every shard of ROOT against its manifest; exit 1 on any problem."""
-    from lerobot_shards.converter.check import verify_dataset
+def verify(
+    root: str, deep: bool, sample: int | None, workers: int | None, executor: str,
+    ray_address: str | None, no_progress: bool, storage_options: dict,
+) -> None:  # fmt: skip
+    """Check ROOT's index.json, metadata and manifest, then every shard (or --sample N of
+    them) against its manifest row; exit 1 on any problem."""
+    if ray_address is not None and executor != "ray":
+        raise click.UsageError("--ray-address needs --executor ray")
+    if executor == "ray" and workers is not None:
+        raise click.UsageError("--workers is for local processes; Ray uses the cluster's CPUs")
+    if executor == "local" and workers not in (0, 1) and sample != 0:
+        from lerobot_shards.converter.forkserver import start_early
 
-    problems = verify_dataset(root, deep=deep, storage_options=storage_options)
-    for problem in problems:
-        click.echo(str(problem), err=True)
+        start_early()  # the workers' imports overlap the manifest's checks
+    from lerobot_shards.converter.check import verify_dataset
+    from lerobot_shards.converter.job import ConvertError
+
+    try:
+        problems = verify_dataset(
+            root,
+            deep=deep,
+            storage_options=storage_options,
+            sample=sample,
+            workers=(os.cpu_count() or 1) if workers is None else workers,
+            executor=executor,
+            ray_address=ray_address,
+            progress=not no_progress,
+        )
+    except ConvertError as exc:  # Ray asked for and missing
+        raise click.ClickException(str(exc)) from exc
     if problems:
+        click.echo("\n".join(str(problem) for problem in problems), err=True)
         click.echo(f"{root}: {len(problems)} problem(s)", err=True)
         sys.exit(1)
-    click.echo(f"{root}: ok")
+    checked = "the manifest side" if sample == 0 else f"{sample} sampled shards" if sample else ""
+    click.echo(f"{root}: ok" + (f" ({checked})" if checked else ""))
 
 
 def layout_settings(layout_file: str | None, embodiments: str | None, count: int) -> dict:
@@ -628,7 +666,7 @@ def train(
     help="The folder, recreated: the sample LeRobot dataset goes to WORKDIR/lerobot, its shards "
     "to WORKDIR/shards.",
 )
-@CONVERTER_WORKERS
+@LOCAL_WORKERS
 @NUM_WORKERS
 @BATCH_SIZE
 def demo(workdir: str, workers: int | None, num_workers: int, batch_size: int) -> None:

@@ -133,7 +133,7 @@ class _FetchCounter:
         self._ds = ds
         self._num_parts = num_parts
         members = ds.datasets
-        self._from = [m.selection.table.column("dataset_from_index").to_numpy() for m in members]
+        self._from = [m.selection.starts for m in members]
         rows = [len(f) for f in self._from]
         self._first_row = np.concatenate([[0], np.cumsum(rows)[:-1]]).astype(np.int64)
         self._sizes = ds.catalog.sizes

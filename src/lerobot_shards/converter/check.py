@@ -7,8 +7,11 @@ found in the rows that poisons training (``poisons.json``, beside them).
 
 from __future__ import annotations
 
+import functools
 import io
+import json
 import tarfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +20,9 @@ import fsspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from tqdm import tqdm
 
+from lerobot_shards.converter.parallel import run_tasks
 from lerobot_shards.depth import decode_depth_image
 from lerobot_shards.format import (
     INDEX_FILE,
@@ -30,11 +35,13 @@ from lerobot_shards.format import (
     header_member,
     join,
     manifest_rows,
+    read_whole,
     rows_member,
     video_member,
 )
 from lerobot_shards.poisons import POISONS_FILE, Poison, parse_poisons, summary_lines
 from lerobot_shards.validate import (
+    ManifestFile,
     check_camera,
     check_header_cameras,
     check_header_matches,
@@ -49,7 +56,6 @@ from lerobot_shards.validate import (
     parse_header,
     parse_index,
     read_index,
-    read_manifest,
 )
 
 PERCENTILES = (0, 50, 90, 99, 100)
@@ -83,12 +89,18 @@ def inspect_dataset(root: str, storage_options: dict | None = None) -> dict[str,
     a dataset converted by an earlier version)."""
     fs, path = _open(root, storage_options)
     index = read_index(fs, path)
-    table = read_manifest(fs, join(path, MANIFEST_FILE))
-    sizes = table.column("size").to_numpy()
-    lengths = table.column("length").to_numpy()
+    where = join(path, MANIFEST_FILE)
+    sizes, lengths, first = [], [], None
+    for checked in ManifestFile(read_whole(fs, where), where).batches():  # a batch at a time
+        table = checked.table
+        sizes.append(table.column("size").to_numpy())
+        lengths.append(table.column("length").to_numpy())
+        if first is None and table.num_rows:
+            first = manifest_rows(table.slice(0, 1))[0]
+    sizes = np.concatenate(sizes or [np.zeros(0, np.int64)])
+    lengths = np.concatenate(lengths or [np.zeros(0, np.int64)])
     cameras: dict[str, dict[str, Any]] = {}
-    if table.num_rows:
-        first = manifest_rows(table.slice(0, 1))[0]
+    if first is not None:
         header = _read_header(fs, path, first)
         cameras = {
             key: {"codec": c.codec, "width": c.width, "height": c.height, "pix_fmt": c.pix_fmt}
@@ -104,7 +116,7 @@ def inspect_dataset(root: str, storage_options: dict | None = None) -> dict[str,
         "format_version": index.format_version,
         "codebase_version": index.codebase_version,
         "fps": index.fps,
-        "episodes": int(table.num_rows),
+        "episodes": len(sizes),
         "frames": int(lengths.sum()),
         "total_bytes": int(sizes.sum()),
         "cameras": cameras,
@@ -172,45 +184,161 @@ def _read_header(fs: fsspec.AbstractFileSystem, root: str, row: ManifestRow) -> 
     return parse_header(data, where=f"{row.shard}:{member.name}")
 
 
+VERIFY_TASK = 32
+"""Episodes one verify task checks (a worker's unit: enough that starting it costs little)."""
+
+
+@dataclass(frozen=True)
+class EpisodeChecks:
+    """What checking a dataset's episodes needs, besides their rows: small and picklable, for
+    ``verify``'s workers (a worker opens the filesystem itself)."""
+
+    root: str
+    storage_options: dict | None
+    video_keys: list[str]
+    deep: bool
+    features: dict[str, Any]
+    task_names: list[str]
+    fps: float
+    image_keys: list[str]
+
+
+@dataclass
+class DatasetFiles:
+    """A converted dataset's index, manifest and metadata, read and checked by the reader's
+    own code, so ``verify``, ``convert`` and the reader agree."""
+
+    index: DatasetIndex
+    manifest: bytes
+    """``manifest.parquet``'s bytes (read again a batch at a time to hand out shard tasks)."""
+    rows: Any
+    """The numbers of every row (``reader.meta.selection.ManifestRows``), each batch checked."""
+    meta: Any
+    """``reader.meta.DatasetMeta``."""
+
+
 def read_dataset(
     fs: fsspec.AbstractFileSystem, path: str, root: str, index_data: bytes | None = None
-) -> tuple[DatasetIndex, pa.Table, Any]:
-    """A converted dataset's index, manifest and metadata (``reader.meta.DatasetMeta``), read
-    and checked by the reader's own code, so ``verify``, ``convert`` and the reader agree.
+) -> DatasetFiles:
+    """``path``'s index, manifest (checked a batch at a time, never held as a table) and
+    metadata (the reader's own checks of ``meta/info.json`` and the tasks).
 
-    ``index_data``: ``index.json``'s bytes, where the converter has not written it yet.
+    Args:
+        fs: The dataset's filesystem.
+        path: The dataset's path in ``fs``.
+        root: The dataset as the user named it (for messages).
+        index_data: ``index.json``'s bytes, where the converter has not written it yet.
     """
-    from lerobot_shards.reader.meta.metadata import read_meta  # no torch: verify runs without it
+    # no torch: verify runs without it
+    from lerobot_shards.reader.meta.metadata import read_meta
+    from lerobot_shards.reader.meta.selection import ManifestRows
 
     if index_data is None:
         index = read_index(fs, path)
     else:
         index = parse_index(index_data, where=join(path, INDEX_FILE))
-    table = read_manifest(fs, join(path, MANIFEST_FILE))
-    return index, table, read_meta(fs, path, index, table, root)
+    where = join(path, MANIFEST_FILE)
+    data = read_whole(fs, where)
+    rows = ManifestRows.read(ManifestFile(data, where))
+    meta = read_meta(fs, path, index, rows.table(), root, rows.shard)
+    return DatasetFiles(index, data, rows, meta)
 
 
 def verify_dataset(
-    root: str, *, deep: bool = False, storage_options: dict | None = None
+    root: str,
+    *,
+    deep: bool = False,
+    storage_options: dict | None = None,
+    sample: int | None = None,
+    workers: int = 0,
+    executor: str = "local",
+    ray_address: str | None = None,
+    progress: bool = False,
 ) -> list[Problem]:
-    """Every problem found: checksums, tar structure, member offsets, headers, rows; with
-    ``deep`` also every frame of every camera decoded and counted."""
+    """Every problem found, in episode order: ``index.json``, the metadata and the manifest
+    checked whole (the manifest side), then each episode's shard: checksum, tar structure,
+    member offsets, header, rows; with ``deep`` also every frame of every camera decoded and
+    counted.
+
+    Args:
+        root: The converted dataset (a path or fsspec URL).
+        deep: Decode every frame.
+        storage_options: For the dataset's filesystem.
+        sample: Check this many shards drawn at random, not every one (0: the manifest side
+            only).
+        workers: Local processes checking shards (0 or 1: this process).
+        executor: ``"local"``, or ``"ray"``: Ray tasks on the cluster at ``ray_address``
+            (default ``RAY_ADDRESS``, else a new local instance).
+        ray_address: See ``executor``.
+        progress: Show a progress bar of the episodes checked.
+    """
     fs, path = _open(root, storage_options)
     try:
-        index, table, meta = read_dataset(fs, path, root)
+        dataset = read_dataset(fs, path, root)
     except (FormatError, FileNotFoundError) as exc:
         return [Problem(None, None, str(exc))]
+    index, data, every, meta = dataset.index, dataset.manifest, dataset.rows, dataset.meta
+    numbers = every.table()
     problems = []
-    with fs.open(join(path, MANIFEST_FILE), "rb") as f:
-        if checksum(f.read()) != index.manifest_checksum:
-            problems.append(Problem(None, MANIFEST_FILE, "checksum differs from index.json"))
-    rows = manifest_rows(table)
+    if checksum(data) != index.manifest_checksum:
+        problems.append(Problem(None, MANIFEST_FILE, "checksum differs from index.json"))
     try:
-        check_totals(index, table, root)
+        check_totals(index, numbers, root)
     except FormatError as exc:
         problems.append(Problem(None, None, str(exc)))
+    rows = np.arange(len(every.episodes))
+    if sample is not None and sample < len(rows):
+        rows = np.sort(np.random.default_rng().choice(len(rows), sample, replace=False))
+    checks = EpisodeChecks(
+        str(root), storage_options, list(index.video_keys), deep, meta.features,
+        meta.task_names, meta.fps, list(meta.image_keys),
+    )  # fmt: skip
+    found: list[tuple[int, list[Problem]]] = []
+    with tqdm(total=len(rows), unit="ep", desc="verify", disable=not progress) as bar:
+        for task, episode_problems in run_tasks(
+            functools.partial(check_episodes, checks),
+            _row_tasks(ManifestFile(data, join(path, MANIFEST_FILE)), rows) if len(rows) else (),
+            workers=workers,
+            executor=executor,
+            ray_address=ray_address,
+        ):
+            found.append((task[0].episode_index, episode_problems))
+            bar.update(len(task))
+    for _, episode_problems in sorted(found, key=lambda f: f[0]):
+        problems += episode_problems
+    return problems
+
+
+def _row_tasks(file: ManifestFile, rows: np.ndarray) -> Iterator[list[ManifestRow]]:
+    """The manifest rows ``rows`` (sorted), ``VERIFY_TASK`` at a time: the file read again a
+    batch at a time, so only a batch's table and a task's rows are ever held."""
+    first, pending = 0, []
+    for checked in file.batches():
+        table = checked.table
+        lo, hi = np.searchsorted(rows, [first, first + table.num_rows])
+        for row in manifest_rows(table.take(rows[lo:hi] - first)):
+            pending.append(row)
+            if len(pending) == VERIFY_TASK:
+                yield pending
+                pending = []
+        first += table.num_rows
+    if pending:
+        yield pending
+
+
+_FILESYSTEMS: dict[tuple[str, str], tuple[fsspec.AbstractFileSystem, str]] = {}
+"""Each verify worker's open filesystems, by root and storage options."""
+
+
+def check_episodes(checks: EpisodeChecks, rows: list[ManifestRow]) -> list[Problem]:
+    """The problems of ``rows``' episodes (a verify task, run in a worker)."""
+    key = (checks.root, json.dumps(checks.storage_options, sort_keys=True, default=repr))
+    if key not in _FILESYSTEMS:
+        _FILESYSTEMS[key] = _open(checks.root, checks.storage_options)
+    fs, path = _FILESYSTEMS[key]
+    problems = []
     for row in rows:
-        found = verify_episode(fs, path, row, index.video_keys, deep, meta)
+        found = verify_episode(fs, path, row, checks.video_keys, checks.deep, checks)
         problems += [Problem(row.episode_index, row.shard, msg) for msg in found]
     return problems
 
@@ -224,7 +352,8 @@ def verify_episode(
     meta: Any,
 ) -> list[str]:
     """What is wrong with one episode's shard (empty if nothing), by the reader's own checks
-    (``validate.py``) against the dataset's ``meta`` (``reader.meta.DatasetMeta``)."""
+    (``validate.py``) against the dataset's ``meta`` (its ``features``, ``task_names``,
+    ``fps`` and ``image_keys``: a ``reader.meta.DatasetMeta`` or :class:`EpisodeChecks`)."""
     shard = join(root, row.shard)
     try:
         actual = fs.size(shard)

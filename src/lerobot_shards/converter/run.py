@@ -63,10 +63,9 @@ from lerobot_shards.format import (
     TASKS_FILE,
     DatasetIndex,
     FormatError,
-    ManifestRow,
+    ManifestColumns,
     checksum,
     join,
-    manifest_table,
 )
 from lerobot_shards.poisons import (
     NON_FINITE,
@@ -249,6 +248,13 @@ def convert(
                 for converted in done.values():
                     refuse_non_finite(converted, str(dest))
             todo = [i for i in selected if i not in done]
+            rows = ManifestColumns()  # a few hundred bytes a row, not a row object's 2 kB
+            poisons: list[Poison] = []
+            unchecked: list[int] = []
+            for i in selected:
+                if i in done:
+                    _keep(done[i], rows, poisons, unchecked)
+            del done
             if executor == "ray":
                 from lerobot_shards.converter.ray_executor import run_ray
 
@@ -259,10 +265,12 @@ def convert(
                     n_workers = 0
                 finished = _run_local(args, src, todo, n_workers, max_in_flight)
             refused = str(dest) if strict else None
-            written = _collect(finished, done, len(selected), len(todo), progress, lock, refused)
-            rows = [done[i].row for i in selected]
-            poisons = [p for i in selected for p in done[i].poisons or ()]
-            unchecked = [i for i in selected if done[i].poisons is None]
+            written = _collect(
+                finished, rows, poisons, unchecked, len(selected), len(todo), progress, lock,
+                refused,
+            )  # fmt: skip
+            poisons.sort(key=lambda p: p.episode_index)  # stable: each episode's in its order
+            unchecked.sort()
             _remove_temp_files(fs, root, args.run_id)  # of workers that died mid-write
             lock.check()
             _write_dataset_files(fs, root, src, rows, poisons_json(poisons, unchecked))
@@ -274,8 +282,8 @@ def convert(
         dest=str(dest),
         episodes=len(rows),
         converted=len(todo),
-        frames=sum(r.length for r in rows),
-        bytes=sum(r.size for r in rows),
+        frames=rows.total_frames,
+        bytes=rows.total_bytes,
         written_bytes=written,
         seconds=time.perf_counter() - started,
         decode_check=decode_check,
@@ -286,16 +294,18 @@ def convert(
 
 def _collect(
     finished: Iterator[Converted],
-    done: dict[int, Converted],
+    rows: ManifestColumns,
+    poisons: list[Poison],
+    unchecked: list[int],
     total: int,
     todo: int,
     progress: bool,
     lock: DestinationLock,
     strict_dest: str | None = None,
 ) -> int:
-    """Add the episodes of ``finished`` to ``done`` as they come, with progress; returns the
-    shard bytes written. Stops if the lock was lost, or (``strict_dest``: ``--strict``) at the
-    first episode with non-finite values."""
+    """Add the episodes of ``finished`` to ``rows``, ``poisons`` and ``unchecked`` as they
+    come (:func:`_keep`), with progress; returns the shard bytes written. Stops if the lock was
+    lost, or (``strict_dest``: ``--strict``) at the first episode with non-finite values."""
     written = 0
     with tqdm(
         total=total, initial=total - todo, unit="ep", desc="convert", disable=not progress,
@@ -307,12 +317,24 @@ def _collect(
             if strict_dest is not None:
                 refuse_non_finite(converted, strict_dest)
             row = converted.row
-            done[row.episode_index] = converted
+            _keep(converted, rows, poisons, unchecked)
             written += row.size
             bar.update(1)
             elapsed = time.perf_counter() - run_started
             bar.set_postfix_str(f"{written / 1e6 / max(elapsed, 1e-9):.1f} MB/s", refresh=False)
     return written
+
+
+def _keep(
+    converted: Converted, rows: ManifestColumns, poisons: list[Poison], unchecked: list[int]
+) -> None:
+    """What the dataset's files need of a finished episode: its row (as columns), its poisons,
+    whether its rows were checked; nothing per episode beyond that."""
+    rows.add(converted.row)
+    if converted.poisons is None:
+        unchecked.append(converted.row.episode_index)
+    else:
+        poisons += converted.poisons
 
 
 def refuse_non_finite(converted: Converted, dest: str) -> None:
@@ -521,7 +543,7 @@ def _run_local(
 
 
 def _write_dataset_files(
-    fs: fsspec.AbstractFileSystem, root: str, src: Source, rows: list[ManifestRow], poisons: bytes
+    fs: fsspec.AbstractFileSystem, root: str, src: Source, rows: ManifestColumns, poisons: bytes
 ) -> None:
     """meta/, manifest.parquet, poisons.json, then index.json (last: its presence marks a
     finished dataset).
@@ -539,9 +561,7 @@ def _write_dataset_files(
         _put(fs, join(root, TASKS_FILE), _read(src, TASKS_FILE))
     else:
         _put(fs, join(root, TASKS_FILE), tasks_parquet(src.tasks))
-    sink = pa.BufferOutputStream()
-    pq.write_table(manifest_table(rows), sink)
-    manifest = sink.getvalue().to_pybytes()
+    manifest = rows.parquet()
     _put(fs, join(root, MANIFEST_FILE), manifest)
     _put(fs, join(root, POISONS_FILE), poisons)
     index = DatasetIndex(
@@ -549,8 +569,8 @@ def _write_dataset_files(
         fps=src.fps,
         features=src.features,
         total_episodes=len(rows),
-        total_frames=sum(r.length for r in rows),
-        total_bytes=sum(r.size for r in rows),
+        total_frames=rows.total_frames,
+        total_bytes=rows.total_bytes,
         writer_version=__version__,
         camera_keys=list(src.camera_keys),
         video_keys=list(src.video_keys),

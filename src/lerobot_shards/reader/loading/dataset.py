@@ -39,10 +39,16 @@ from lerobot_shards.reader.loading.world import World, current_world, worker_wor
 from lerobot_shards.reader.meta.catalog import Catalog, DatasetRoot, ItemOptions, Member, as_sources
 from lerobot_shards.reader.meta.embodiment import TargetLayout
 from lerobot_shards.reader.meta.layout_meta import LayoutMeta
-from lerobot_shards.reader.meta.metadata import DatasetMeta, MixtureMeta, Selection
+from lerobot_shards.reader.meta.metadata import DatasetMeta, MixtureMeta
 from lerobot_shards.reader.meta.placement import place_members
 from lerobot_shards.reader.meta.schema import check_batchable, item_schema
-from lerobot_shards.reader.plan.elastic import Checkpoint, Ordering, Part, Planner
+from lerobot_shards.reader.meta.selection import Selection
+from lerobot_shards.reader.plan.elastic import (
+    Checkpoint,
+    Ordering,
+    Part,
+    Planner,
+)
 from lerobot_shards.reader.plan.mixture import MixturePlan, samples_per_dataset
 from lerobot_shards.reader.plan.nodes import Nodes
 from lerobot_shards.reader.plan.partition import part_index, samples_per_part
@@ -349,7 +355,8 @@ class ShardedLeRobotDataset(IterableDataset):
     @property
     def manifest(self) -> pa.Table:
         """The manifest rows of the selected episodes, in episode order (of the first dataset
-        of a mixture: each one's is ``ds.datasets[d].selection.table``)."""
+        of a mixture: each one's is ``ds.datasets[d].selection.table``), made from what the
+        dataset keeps on each call (``reader/meta/selection.py``)."""
         return self.selection.table
 
     @property

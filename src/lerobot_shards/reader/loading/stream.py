@@ -111,6 +111,7 @@ def stream_part(
     parts_of: dict[int, Part] = {}
     cache = FrameCache(cache_bytes)
     registered = 0  # draws whose frames the cache has been told about
+    specs = [member.spec for member in catalog.members]
 
     def events() -> Iterator[tuple[int, Any]]:
         nonlocal registered
@@ -118,10 +119,12 @@ def stream_part(
         while True:
             parts_of[current.epoch] = current
             lengths = catalog.lengths_of(current.episodes)
-            specs = [catalog.locate(e)[0].spec for e in current.episodes.tolist()]
+            owners = catalog.member_indices(current.episodes)  # one search, not one per piece
             for event in fetch_order(current.plan(ordering, catalog.cost, start)):
                 if type(event) is Draws:
-                    registered = expect_frames(cache, registered, current, lengths, event, specs)
+                    registered = expect_frames(
+                        cache, registered, current, lengths, event, specs, owners
+                    )
                 yield current.epoch, event
             if not ordering.repeat:
                 return
@@ -305,15 +308,16 @@ def expect_frames(
     lengths: np.ndarray,
     draws: Draws,
     specs: list[ItemSpec],
+    owners: np.ndarray,
 ) -> int:
     """Tell ``cache`` which frames each of ``draws`` (numbered from ``first``) will take;
-    returns the next draw's number. ``specs[i]`` shapes the items of piece ``i``."""
+    returns the next draw's number. ``specs[owners[i]]`` shapes the items of piece ``i``."""
     epoch = part.epoch
     draw = first
     for piece, frame in zip(draws.pieces.tolist(), draws.frames.tolist(), strict=True):
         position = part.position(piece, frame)
         tag = (epoch, piece)
-        spec = specs[piece]
+        spec = specs[owners[piece]]
         keys = []
         for key in spec.video_keys:
             offsets = spec.deltas.get(key)

@@ -21,13 +21,15 @@ import numpy as np
 from fsspec.implementations.local import LocalFileSystem
 
 from lerobot_shards.depth import DEFAULT_DEPTH_UNIT, rescale_stats
+from lerobot_shards.format import MANIFEST_FILE, join, read_whole
 from lerobot_shards.items import ItemSpec, delta_indices
 from lerobot_shards.reader.fetch.ranged import RetryingReads, read_span
 from lerobot_shards.reader.frames.episode import Episode, load_episode
 from lerobot_shards.reader.frames.resize import Resize
 from lerobot_shards.reader.meta.embodiment import TargetLayout
-from lerobot_shards.reader.meta.metadata import DatasetMeta, Selection, read_meta
+from lerobot_shards.reader.meta.metadata import DatasetMeta, read_meta
 from lerobot_shards.reader.meta.placement import Placement, default_name, layout_key_map
+from lerobot_shards.reader.meta.selection import read_selection
 from lerobot_shards.validate import check_totals, frame_size, read_index
 
 SpanRead = Callable[..., bytes | memoryview]
@@ -134,9 +136,15 @@ class Member:
         self._fs_pid = os.getpid()
         fs = RetryingReads(self._fs)  # a flaky store fails small files too
         index = read_index(fs, self.path)  # first: it says whether this is a dataset
-        self.selection = Selection.read(fs, self.path, source.episodes, self.root)
-        check_totals(index, self.selection.manifest, self.root)
-        self.meta: DatasetMeta = read_meta(fs, self.path, index, self.selection.manifest, self.root)
+        where = join(self.path, MANIFEST_FILE)
+        self.selection, every = read_selection(
+            read_whole(fs, where), where, self.path, source.episodes, self.root, index.video_keys
+        )
+        numbers = every.table()
+        check_totals(index, numbers, self.root)
+        self.meta: DatasetMeta = read_meta(fs, self.path, index, numbers, self.root, every.shard)
+        self.id_span = int(every.episodes.max(initial=-1)) + 1
+        """One past the largest episode index of the manifest (selected or not)."""
         if self.meta.stats is not None:  # depth maps' in the unit they are returned in
             unit = options.depth_output_unit
             self.meta.stats = rescale_stats(self.meta.stats, self.meta.features, unit)
@@ -252,17 +260,15 @@ class Catalog:
 
     def __init__(self, members: Sequence[Member]) -> None:
         self.members = list(members)
-        spans = [
-            int(m.selection.manifest.column("episode_index").to_numpy().max(initial=-1)) + 1
-            for m in self.members
-        ]
+        spans = [m.id_span for m in self.members]
         self.offsets = np.concatenate([[0], np.cumsum(spans)[:-1]]).astype(np.int64)
         self.episodes_of = [
-            m.selection.episodes + o for m, o in zip(self.members, self.offsets, strict=True)
+            m.selection.episodes + o if o else m.selection.episodes
+            for m, o in zip(self.members, self.offsets, strict=True)
         ]
-        self.episodes = np.concatenate(self.episodes_of) if self.members else np.zeros(0, np.int64)
-        self.lengths = np.concatenate([m.selection.lengths for m in self.members])
-        self.sizes = np.concatenate([m.selection.sizes for m in self.members])
+        self.episodes = _joined(self.episodes_of)
+        self.lengths = _joined([m.selection.lengths for m in self.members])
+        self.sizes = _joined([m.selection.sizes for m in self.members])
 
     @classmethod
     def open(
@@ -295,6 +301,11 @@ class Catalog:
         d = int(np.searchsorted(self.offsets, episode, side="right")) - 1
         return self.members[d], int(episode - self.offsets[d])
 
+    def member_indices(self, episodes: np.ndarray) -> np.ndarray:
+        """The member (its place in ``members``) of each of the global episode ids
+        ``episodes``: one search for a part's episodes, not one call each."""
+        return np.searchsorted(self.offsets, episodes, side="right") - 1
+
     def describe(self, episode: int) -> str:
         """Global episode id ``episode`` as a user knows it: ``Episode e`` (of which dataset)."""
         member, own = self.locate(episode)
@@ -321,3 +332,10 @@ class Catalog:
             digest.update(member.selection.fingerprint.encode())
         digest.update(repr(extra).encode())
         return f"mixture:{digest.hexdigest()}"
+
+
+def _joined(arrays: list[np.ndarray]) -> np.ndarray:
+    """One member's array itself (no copy of a million entries), several end to end."""
+    if len(arrays) == 1:
+        return arrays[0]
+    return np.concatenate(arrays) if arrays else np.zeros(0, np.int64)

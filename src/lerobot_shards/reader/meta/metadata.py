@@ -1,37 +1,28 @@
-"""A converted dataset's metadata (``meta/info.json``, tasks, stats) and the manifest rows of
-the episodes a reader selected: what the reader knows before it fetches any shard."""
+"""A converted dataset's metadata (``meta/info.json``, tasks, stats, its episodes), and a
+mixture's: what the reader knows before it fetches any shard (the selected episodes' manifest
+rows: ``selection.py``)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import fsspec
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from lerobot_shards.format import (
     INDEX_FILE,
     INFO_FILE,
-    MANIFEST_FILE,
     STATS_FILE,
     TASKS_FILE,
     DatasetIndex,
     FormatError,
     join,
-    manifest_fingerprint,
     read_whole,
 )
-from lerobot_shards.reader.fetch.ranged import Span
-from lerobot_shards.validate import (
-    check_ranges,
-    check_stats,
-    check_tasks,
-    is_depth_map,
-    read_manifest,
-)
+from lerobot_shards.validate import check_ranges, check_stats, check_tasks, is_depth_map
 
 LANGUAGE_COLUMNS = ("language_persistent", "language_events")
 """The columns that make LeRobot's training loop collate with ``lerobot_collate_fn``."""
@@ -42,33 +33,40 @@ class EpisodeTable:
     gives a column as a list, ``episodes[i]`` row ``i`` as a dict (rows in episode order).
 
     Columns: ``episode_index``, ``length``, ``dataset_from_index``, ``dataset_to_index``
-    (the episode's global frame indices, as LeRobot's).
+    (the episode's global frame indices, as LeRobot's). Held as numpy columns (four lists of a
+    million Python ints took 144 MB in every process); the lists are made when asked for.
     """
 
     def __init__(self, manifest: pa.Table) -> None:
-        start = manifest.column("dataset_from_index").to_numpy()
-        length = manifest.column("length").to_numpy()
-        self._columns = {
-            "episode_index": manifest.column("episode_index").to_pylist(),
-            "length": length.tolist(),
-            "dataset_from_index": start.tolist(),
-            "dataset_to_index": (start + length).tolist(),
-        }
+        self._episodes = manifest.column("episode_index").to_numpy()
+        self._lengths = manifest.column("length").to_numpy()
+        self._starts = manifest.column("dataset_from_index").to_numpy()
 
     @property
     def column_names(self) -> list[str]:
         """The columns ``episodes["column"]`` gives."""
-        return list(self._columns)
+        return ["episode_index", "length", "dataset_from_index", "dataset_to_index"]
+
+    def _column(self, name: str) -> Any:
+        if name == "dataset_to_index":
+            return self._starts + self._lengths
+        return {"episode_index": self._episodes, "length": self._lengths}.get(name, self._starts)
 
     def __len__(self) -> int:
-        return len(self._columns["episode_index"])
+        return len(self._episodes)
 
     def __getitem__(self, key: str | int) -> Any:
         if isinstance(key, str):
-            if key not in self._columns:
+            if key not in self.column_names:
                 raise KeyError(f"{key!r}: episodes have the columns {self.column_names}")
-            return list(self._columns[key])
-        return {name: column[key] for name, column in self._columns.items()}
+            return self._column(key).tolist()
+        start, length = int(self._starts[key]), int(self._lengths[key])
+        return {
+            "episode_index": int(self._episodes[key]),
+            "length": length,
+            "dataset_from_index": start,
+            "dataset_to_index": start + length,
+        }
 
     def __repr__(self) -> str:
         return f"EpisodeTable({len(self)} episodes, columns {self.column_names})"
@@ -215,11 +213,18 @@ class DatasetMeta(_FeatureViews):
 
 
 def read_meta(
-    fs: fsspec.AbstractFileSystem, path: str, index: DatasetIndex, manifest: pa.Table, root: str
+    fs: fsspec.AbstractFileSystem,
+    path: str,
+    index: DatasetIndex,
+    manifest: pa.Table,
+    root: str,
+    shard_of: Callable[[int], str] | None = None,
 ) -> DatasetMeta:
     """The metadata of the converted dataset at ``path`` (its ``index.json`` and manifest
     already read; ``root`` as the user gave it); a missing or unreadable file raises
-    ``FormatError`` naming it."""
+    ``FormatError`` naming it. ``manifest`` may hold only the rows' numbers (``episode_index``,
+    ``length``, ``dataset_from_index``, ``dataset_to_index``), ``shard_of(row)`` giving their
+    shards."""
 
     def read_json(relative: str, required: bool) -> Any:
         file = join(path, relative)
@@ -260,7 +265,7 @@ def read_meta(
             f"{tasks_path}: {len(indices)} tasks, {join(path, INFO_FILE)} says total_tasks="
             f"{info['total_tasks']!r}"
         )
-    check_ranges(manifest, info, join(path, INFO_FILE))
+    check_ranges(manifest, info, join(path, INFO_FILE), shard_of)
     tasks = [""] * len(indices)
     for i, task in zip(indices, table.column("task").to_pylist(), strict=True):
         tasks[i] = task
@@ -268,98 +273,6 @@ def read_meta(
     if stats is not None:
         stats = check_stats(stats, info.get("features", index.features), join(path, STATS_FILE))
     return DatasetMeta(info, index, stats, tasks, manifest, root)
-
-
-class Selection:
-    """The manifest rows of the selected episodes, in episode order, as the arrays the planner
-    and the fetcher use: ``episodes``, ``lengths`` (frames), ``sizes`` (shard bytes)."""
-
-    def __init__(self, table: pa.Table, path: str, manifest: pa.Table | None = None) -> None:
-        self.table = table
-        self.path = path
-        self.manifest = table if manifest is None else manifest
-        """Every episode's row, selected or not."""
-        self.episodes = table.column("episode_index").to_numpy()
-        self.lengths = table.column("length").to_numpy()
-        self.sizes = table.column("size").to_numpy()
-        self._offsets = table.column("offset").to_numpy()
-        self._starts = table.column("dataset_from_index").to_numpy()
-        self._shards = table.column("shard").to_pylist()
-        self.checksums = table.column("checksum").to_pylist()
-        self._row_of = {int(e): i for i, e in enumerate(self.episodes.tolist())}
-        self._fingerprint: str | None = None
-
-    @classmethod
-    def read(
-        cls,
-        fs: fsspec.AbstractFileSystem,
-        path: str,
-        episodes: Sequence[int] | None,
-        root: str,
-    ) -> Selection:
-        """The rows of ``episodes`` (all with None) of the manifest at ``path``; an episode the
-        manifest lacks raises ``ValueError`` naming it and ``root``."""
-        table = read_manifest(fs, join(path, MANIFEST_FILE))
-        present = table.column("episode_index").to_numpy()
-        if episodes is None:
-            rows = np.arange(len(present))
-        else:
-            wanted = np.unique(np.asarray(list(episodes), dtype=np.int64))
-            if not len(wanted):
-                # An empty epoch would only show as a training loop that never steps.
-                raise ValueError(f"episodes selects no episode of {root}: give None for all")
-            rows = np.minimum(np.searchsorted(present, wanted), max(len(present) - 1, 0))
-            missing = wanted[(len(present) == 0) | (present[rows] != wanted)]
-            if len(missing):
-                raise ValueError(
-                    f"episodes {missing.tolist()} are not in {root} ({len(present)} episodes)"
-                )
-        return cls(table if episodes is None else table.take(rows), path, table)
-
-    @property
-    def fingerprint(self) -> str:
-        """``manifest_fingerprint`` of these rows: what a checkpoint is checked against."""
-        if self._fingerprint is None:
-            self._fingerprint = manifest_fingerprint(self.table)
-        return self._fingerprint
-
-    def lengths_of(self, episodes: np.ndarray) -> np.ndarray:
-        """Frames of each of ``episodes`` (selected ones)."""
-        return self.lengths[np.searchsorted(self.episodes, episodes)]
-
-    def cost(self, episode: int, start: int, stop: int) -> int:
-        """What a piece (rows ``start:stop``) costs the pool budget while resident: its
-        episode's shard bytes, fetched whole whichever rows it draws (decoded frames are in the
-        frame cache, budgeted apart)."""
-        return int(self.sizes[self._row_of[episode]])
-
-    def span(self, episode: int) -> Span:
-        """The byte span of ``episode`` in its shard, with its checksum."""
-        row = self._row_of[episode]
-        return Span(
-            episode,
-            join(self.path, self._shards[row]),
-            int(self._offsets[row]),
-            int(self.sizes[row]),
-            self.checksums[row],
-        )
-
-    def members(self, episode: int) -> dict[str, tuple[int, int]]:
-        """``episode``'s tar members: name to (offset within its span, size)."""
-        row = self._row_of[episode]
-        base = int(self._offsets[row])
-        return {
-            m["name"]: (m["offset"] - base, m["size"])
-            for m in self.table.column("members")[row].as_py()
-        }
-
-    def length(self, episode: int) -> int:
-        """Frames of ``episode``."""
-        return int(self.lengths[self._row_of[episode]])
-
-    def start(self, episode: int) -> int:
-        """The global index of ``episode``'s first frame (its ``dataset_from_index``)."""
-        return int(self._starts[self._row_of[episode]])
 
 
 class MixtureMeta(_FeatureViews):

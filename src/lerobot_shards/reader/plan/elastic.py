@@ -76,19 +76,31 @@ def consumed_per_worker(
         taken = [rounds * b + (b if w < nxt else 0) for w in range(workers)]
         taken[nxt] += partial
         return taken, nxt
-    counts = np.asarray(per_worker, dtype=np.int64)
-    rounds = int(-(-counts.max() // b)) if len(counts) and counts.max() > 0 else 0
-    sizes = np.clip(counts[None, :] - b * np.arange(rounds)[:, None], 0, b).ravel()
-    ends = np.cumsum(sizes)
-    done = int(np.searchsorted(ends, offset, side="right"))  # whole batches taken
-    taken = np.bincount(np.arange(done) % workers, weights=sizes[:done], minlength=workers)
-    taken = taken.astype(np.int64)
-    rest = np.flatnonzero(sizes[done:] > 0)
-    if not len(rest):
-        return counts.tolist(), 0
-    nxt = int((done + rest[0]) % workers)
-    taken[nxt] += offset - (int(ends[done - 1]) if done else 0)
-    return taken.tolist(), nxt
+    # Closed form, in the workers' number: round r gives worker w min(b, max(0, c_w - r b))
+    # samples, so the first R rounds give min(c_w, R b). Find the last whole round the offset
+    # covers, then walk that round's batches (a batch per sample of the rank, built for a
+    # fresh start's batch size of 1, took gigabytes at a million episodes).
+    counts = [int(c) for c in per_worker]
+
+    def through(rounds: int) -> int:
+        return sum(min(c, rounds * b) for c in counts)
+
+    lo, hi = 0, max((-(-c // b) for c in counts), default=0)
+    if through(hi) <= offset:
+        return counts, 0
+    while lo < hi:  # the most rounds whose samples the offset covers
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if through(mid) <= offset else (lo, mid - 1)
+    taken = [min(c, lo * b) for c in counts]
+    end = sum(taken)
+    for w, c in enumerate(counts):
+        size = min(max(c - lo * b, 0), b)
+        if end + size > offset:
+            taken[w] += offset - end
+            return taken, w
+        taken[w] += size
+        end += size
+    raise AssertionError("the round after the last covered one ends past the offset")
 
 
 @dataclass(frozen=True)
@@ -260,7 +272,8 @@ class Planner:
     ) -> None:
         self._constant = Units.whole(episodes, lengths)
         self._epoch_units = epoch_units
-        self._units: dict[int, tuple[Units, np.ndarray, np.ndarray]] = {}
+        self._units: dict[int, Units] = {}
+        self._bounds: tuple = (None, None, None, None)
         self.total = self._make_units(0).total
         self.cost = cost
         self._fresh: dict[tuple, list[Part]] = {}
@@ -272,19 +285,23 @@ class Planner:
 
     def units(self, epoch: int) -> Units:
         """Epoch ``epoch``'s units."""
-        return self._table(epoch)[0]
-
-    def _table(self, epoch: int) -> tuple[Units, np.ndarray, np.ndarray]:
-        """The epoch's units with each one's first sample id and one past its last."""
         if epoch not in self._units:
             units = self._make_units(epoch)
             if units.total != self.total:
                 raise ValueError(f"epoch {epoch} has {units.total} samples, not {self.total}")
             if len(self._units) >= 8:  # an endless stream plans epoch after epoch: keep few
                 del self._units[next(iter(self._units))]
-            ends = np.cumsum(units.counts)
-            self._units[epoch] = (units, ends - units.counts, ends)
+            self._units[epoch] = units
         return self._units[epoch]
+
+    def _table(self, epoch: int) -> tuple[Units, np.ndarray, np.ndarray]:
+        """The epoch's units with each one's first sample id and one past its last (made when
+        a resume numbers samples, for the last epoch asked: 16 MB at a million episodes)."""
+        units = self.units(epoch)
+        if self._bounds[0] != epoch or self._bounds[1] is not units:
+            ends = np.cumsum(units.counts)
+            self._bounds = (epoch, units, ends - units.counts, ends)
+        return units, self._bounds[2], self._bounds[3]
 
     def _make_units(self, epoch: int) -> Units:
         return self._constant if self._epoch_units is None else self._epoch_units(epoch)
@@ -309,7 +326,7 @@ class Planner:
         groups = ordering.node_shares(nodes, num_parts)
         key = (ordering.seed, ordering.shuffle, ordering.pad, num_parts, epoch, groups)
         if key not in self._fresh:
-            table = self._table(epoch)[0]
+            table = self.units(epoch)
             units = np.arange(len(table.episodes))
             if len(groups) > 1:
                 every = self._constant.episodes
@@ -343,8 +360,7 @@ class Planner:
                     epoch,
                     pieces.episodes,
                     table.episodes[pieces.episodes],
-                    table.starts[pieces.episodes] + pieces.starts,
-                    table.starts[pieces.episodes] + pieces.stops,
+                    *_offset_by(table.starts[pieces.episodes], pieces.starts, pieces.stops),
                     None,
                     (ordering.seed, epoch) if num_parts == 1 else (ordering.seed, epoch, p),
                     samples[p],
@@ -522,6 +538,16 @@ class Planner:
                 mask[drawn(part, c.ordering, k, self)] = True
         self._consumed[key] = mask
         return mask
+
+
+def _offset_by(
+    offsets: np.ndarray, starts: np.ndarray, stops: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """``starts`` and ``stops`` moved by ``offsets`` (as they are where all are 0: whole
+    episodes' units, no copy of a million entries)."""
+    if not offsets.any():
+        return starts, stops
+    return offsets + starts, offsets + stops
 
 
 def drawn(part: Part, ordering: Ordering, k: int, planner: Planner) -> np.ndarray:

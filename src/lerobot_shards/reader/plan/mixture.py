@@ -52,8 +52,10 @@ class Units:
         """Every frame of every episode once, in ascending episode order."""
         episodes = np.asarray(episodes, dtype=np.int64)
         lengths = np.asarray(lengths, dtype=np.int64)
-        order = np.argsort(episodes, kind="stable")
-        return cls(episodes[order], np.zeros(len(order), dtype=np.int64), lengths[order])
+        if len(episodes) and (episodes[1:] < episodes[:-1]).any():
+            order = np.argsort(episodes, kind="stable")
+            episodes, lengths = episodes[order], lengths[order]
+        return cls(episodes, np.zeros(len(episodes), dtype=np.int64), lengths)
 
 
 def samples_per_dataset(
