@@ -36,6 +36,7 @@ def test_the_benchmark_prints_every_row(tmp_path: Path) -> None:
     rows = re.findall(r"^\| (\d+) \| ([a-z0-9. ]+?) \| (.+) \|$", result.stdout, re.M)
     assert [(int(e), s) for e, s, _ in rows] == [(e, s) for e in (1, 2) for s in SETTINGS]
     largest = float(re.search(r"the largest episode ([0-9.]+) of them", result.stdout).group(1))
+    uncached = {e: float(c.split("|")[1]) for e, s, c in rows if s == "uncached"}
     for epoch, setting, cells in rows:
         mb, ratio, belady, rate, to_local = (c.strip() for c in cells.split("|"))
         assert float(rate) > 0 and float(to_local) > 0
@@ -46,7 +47,13 @@ def test_the_benchmark_prints_every_row(tmp_path: Path) -> None:
             assert float(ratio) >= 0.99, "an uncached epoch read less than the dataset"
         if setting.startswith("cache") and epoch == "1":
             assert float(belady) >= 0.99, "Belady's first epoch is every episode once"
-            assert 0.99 <= float(ratio) <= 1.01, "a cold epoch downloads the dataset once"
+            # Every episode at least once, and never more than without the cache. An episode
+            # split between the two workers' parts is read twice: a cache of 1.5 keeps it for
+            # the second read; one of 0.5 may be full of entries the pools still map (those
+            # are never evicted), and the second read downloads it again.
+            assert 0.99 <= float(ratio) <= uncached[epoch] + 0.001, (setting, ratio)
+            if setting == "cache 1.5":
+                assert float(ratio) <= 1.01, "a cache larger than the dataset downloaded twice"
         if setting == "cache 1.5" and epoch == "2":
             assert float(mb) == 0 and float(belady) == 0, "a warm epoch downloaded"
         if setting == "cache 0.5" and epoch == "2":  # (1 - f) plus an episode per worker

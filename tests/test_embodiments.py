@@ -343,6 +343,7 @@ def test_ranks_are_balanced_and_the_cache_serves_the_same_items(roots, monkeypat
     node-local cache yields the uncached reader's items, tensor for tensor."""
     epoch = Counter((int(i["dataset_index"]), int(i["index"])) for i in mixture(roots, pad=False))
     monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # both ranks on this node, as torchrun says
     parts = []
     for rank in (0, 1):
         monkeypatch.setenv("RANK", str(rank))

@@ -296,6 +296,26 @@ def test_verify_in_worker_processes_finds_what_one_process_finds(av1, tmp_path):
     assert verify_dataset(str(root), workers=2) == alone
 
 
+def test_verify_starts_no_more_processes_than_it_has_tasks(av1, tmp_path, monkeypatch):
+    """A dataset of one task's episodes is checked in this process, whatever ``workers`` says:
+    starting a pool (imports in each worker) would cost more than the checks."""
+    import lerobot_shards.converter.check as check
+
+    asked = []
+    real = check.run_tasks
+
+    def recording(*args, **kwargs):
+        asked.append(kwargs["workers"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(check, "run_tasks", recording)
+    small = make_scaled_dataset(av1, tmp_path / "small", check.VERIFY_TASK, read=range(4))
+    large = make_scaled_dataset(av1, tmp_path / "large", 2 * check.VERIFY_TASK + 1, read=range(4))
+    for root in (small, large):  # shards of 4 episodes: the rest reported missing, alike
+        assert verify_dataset(str(root), workers=8) == verify_dataset(str(root), workers=0)
+    assert asked == [1, 0, 3, 0]
+
+
 def test_verify_command_line_options(av1, tmp_path):
     root = make_scaled_dataset(av1, tmp_path / "ds", 30, read=range(30))
     ok = CliRunner().invoke(main, ["verify", str(root), "--sample", "0", "--no-progress"])

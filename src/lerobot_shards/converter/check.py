@@ -289,6 +289,7 @@ def verify_dataset(
     rows = np.arange(len(every.episodes))
     if sample is not None and sample < len(rows):
         rows = np.sort(np.random.default_rng().choice(len(rows), sample, replace=False))
+    workers = min(workers, -(-len(rows) // VERIFY_TASK))  # no process without a task of its own
     checks = EpisodeChecks(
         str(root), storage_options, list(index.video_keys), deep, meta.features,
         meta.task_names, meta.fps, list(meta.image_keys),
