@@ -270,9 +270,11 @@ def test_prefetch_closed_on_one_of_its_own_fetch_threads():
     must not try to join that thread (``RuntimeError: cannot join current thread``)."""
     errors: list[BaseException] = []
     gen: Iterator
+    suspended = threading.Event()  # the consumer is out of the generator: it may be closed
 
     def load(key: int) -> int:
         if key == 3:
+            suspended.wait(30)
             try:
                 gen.close()
             except BaseException as error:  # what closing raised is the finding
@@ -284,6 +286,7 @@ def test_prefetch_closed_on_one_of_its_own_fetch_threads():
         if event.kind == ADMIT and event.key == 2:
             value.result()
             break
+    suspended.set()
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and any(
         t.name.startswith("lerobot-shards-fetch") for t in threading.enumerate()
