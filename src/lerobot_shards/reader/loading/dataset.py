@@ -31,6 +31,7 @@ from lerobot_shards.reader.fetch.cached import CachedReads
 from lerobot_shards.reader.frames.allocator import tune_worker_malloc
 from lerobot_shards.reader.frames.decode import check_backend
 from lerobot_shards.reader.loading.accelerate_guard import refuse_accelerate_resharding
+from lerobot_shards.reader.loading.inherited import freeze_inherited_objects
 from lerobot_shards.reader.loading.mixed import Mixing, Segment, ring_writer, segments
 from lerobot_shards.reader.loading.node_cache import NodeSchedule
 from lerobot_shards.reader.loading.stream import StreamOptions, decode_thread_count, stream_part
@@ -500,6 +501,7 @@ class ShardedLeRobotDataset(IterableDataset):
         in_worker = get_worker_info() is not None
         if in_worker:
             tune_worker_malloc()  # allocator.py says why
+            freeze_inherited_objects()  # inherited.py says why
         ctx = self._context(mixing is not None)
         refuse_accelerate_resharding(ctx.world_size)
         if in_worker and self.num_workers not in (0, ctx.workers):
