@@ -21,6 +21,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from lerobot_shards.arrow import as_numpy
+
 FORMAT_NAME = "lerobot-shards"
 FORMAT_VERSION = 1
 
@@ -219,7 +221,7 @@ def equal_strings(
             out[at : at + len(chunk)] = True
         else:
             equal = pc.equal(chunk, string_array(want, rows.data())).fill_null(False)
-            out[at : at + len(chunk)] = equal.to_numpy(zero_copy_only=False)
+            out[at : at + len(chunk)] = as_numpy(equal.cast(pa.uint8()))  # bools: bits
         at += len(chunk)
     return out
 
@@ -685,7 +687,7 @@ def manifest_rows(table: pa.Table) -> list[ManifestRow]:
 
 def member_spans(table: pa.Table) -> list[dict[str, tuple[int, int]]]:
     """Per episode, ``{member name: (offset relative to the episode span, size)}``."""
-    offsets = table.column("offset").to_numpy()
+    offsets = as_numpy(table.column("offset"))
     spans = []
     for base, members in zip(offsets, table.column("members").to_pylist(), strict=True):
         spans.append({m["name"]: (m["offset"] - int(base), m["size"]) for m in members})
@@ -721,8 +723,8 @@ class DatasetIndex:
 def manifest_fingerprint(table: pa.Table) -> str:
     """A short stable fingerprint of a manifest's episodes, lengths and checksums."""
     h = hashlib.sha256()
-    h.update(table.column("episode_index").to_numpy().astype(np.int64).tobytes())
-    h.update(table.column("length").to_numpy().astype(np.int64).tobytes())
+    h.update(as_numpy(table.column("episode_index")).astype(np.int64).tobytes())
+    h.update(as_numpy(table.column("length")).astype(np.int64).tobytes())
     for chunk in table.column("checksum").chunks:  # the checksums' text, end to end
         h.update(string_buffers(chunk)[1])
     return h.hexdigest()[:16]

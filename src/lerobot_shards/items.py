@@ -20,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from lerobot_shards.arrow import as_numpy
 from lerobot_shards.depth import DepthImage
 from lerobot_shards.language import LANGUAGE_COLUMNS, LanguageColumn
 from lerobot_shards.validate import decode_image
@@ -189,7 +190,7 @@ def _column_to_numpy(column: pa.ChunkedArray) -> np.ndarray | None:
     flat = column.combine_chunks()
     for _ in shape:
         flat = flat.flatten()
-    values = flat.to_numpy(zero_copy_only=False).astype(dtype)  # a writable copy for torch
+    values = as_numpy(flat, zero_copy_only=False).astype(dtype)  # a writable copy for torch
     return np.ascontiguousarray(values.reshape([len(column), *shape]))
 
 

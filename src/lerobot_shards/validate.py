@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from lerobot_shards.arrow import as_numpy
 from lerobot_shards.format import (
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -277,10 +278,10 @@ def check_rows(
         "frame_index": positions,
     }
     for key, want in expected.items():
-        got = table.column(key).to_numpy() if key in present else None
+        got = as_numpy(table.column(key)) if key in present else None
         if got is None or got.shape != want.shape or not np.array_equal(got, want):
             raise FormatError(f"{where}: the rows' {key!r} is not the header's")
-    got = table.column("timestamp").to_numpy() if "timestamp" in present else None
+    got = as_numpy(table.column("timestamp")) if "timestamp" in present else None
     want = positions / fps
     if got is None or got.shape != want.shape or not np.issubdtype(got.dtype, np.floating):
         raise FormatError(f"{where}: the rows' 'timestamp' is not one number per row")
@@ -292,7 +293,7 @@ def check_rows(
             f"{where}: row {row}'s timestamp is {float(got[row])!r}, not frame_index / fps = "
             f"{want[row]!r} (within tolerance_s={tolerance_s})"
         )
-    indices = table.column("task_index").to_numpy() if "task_index" in present else None
+    indices = as_numpy(table.column("task_index")) if "task_index" in present else None
     if indices is None or indices.ndim != 1 or indices.min() < 0 or indices.max() >= len(tasks):
         raise FormatError(f"{where}: a task_index is not one of the {len(tasks)} tasks")
     for i in np.unique(indices).tolist():
@@ -370,7 +371,7 @@ def canonical_column(
         if level.null_count:
             raise FormatError(f"{where}: the rows' {key!r} have empty values inside a row")
         if not _is_fixed(level.type):
-            lengths = pc.list_value_length(level).to_numpy()
+            lengths = as_numpy(pc.list_value_length(level))
             bad = np.flatnonzero(lengths != size)
             if len(bad):
                 raise FormatError(
@@ -643,12 +644,12 @@ def checked_manifest(
     for name in MANIFEST_SCHEMA.names:
         if table.column(name).null_count:
             raise FormatError(f"{where}: manifest column {name!r} has empty values")
-    episodes = table.column("episode_index").to_numpy()
-    lengths = table.column("length").to_numpy()
-    starts = table.column("dataset_from_index").to_numpy()
-    stops = table.column("dataset_to_index").to_numpy()
-    offsets = table.column("offset").to_numpy()
-    sizes = table.column("size").to_numpy()
+    episodes = as_numpy(table.column("episode_index"))
+    lengths = as_numpy(table.column("length"))
+    starts = as_numpy(table.column("dataset_from_index"))
+    stops = as_numpy(table.column("dataset_to_index"))
+    offsets = as_numpy(table.column("offset"))
+    sizes = as_numpy(table.column("size"))
     shards = table.column("shard")
 
     def refuse(bad: np.ndarray, problem: str) -> None:
@@ -672,7 +673,7 @@ def checked_manifest(
     confined = np.ones(len(episodes), bool)
     if len(other):
         matched = pc.match_substring_regex(shards.take(other), SHARD_PATH)
-        confined[other] = matched.to_numpy(zero_copy_only=False)
+        confined[other] = as_numpy(matched, zero_copy_only=False)
     refuse(~confined, "shard path is not a relative path under shards/")
     digests, valid = checksum_digests(table.column("checksum"))
     refuse(~valid, "checksum is not sha256:<64 hex digits>")
@@ -682,9 +683,9 @@ def checked_manifest(
         name, m_offsets, m_sizes = chunk.flatten().flatten()
         if name.null_count or m_offsets.null_count or m_sizes.null_count:
             raise FormatError(f"{where}: manifest column 'members' has empty values")
-        counts = np.diff(chunk.offsets.to_numpy())
+        counts = np.diff(as_numpy(chunk.offsets))
         owner = np.repeat(np.arange(row, row + len(chunk)), counts)
-        m_offsets, m_sizes = m_offsets.to_numpy(), m_sizes.to_numpy()
+        m_offsets, m_sizes = as_numpy(m_offsets), as_numpy(m_sizes)
         outside = (m_offsets < offsets[owner]) | (m_sizes < 0)
         outside |= m_offsets + m_sizes > offsets[owner] + sizes[owner]
         bad_rows[owner[outside]] = True
@@ -722,8 +723,8 @@ def check_ranges(
     if total_frames is None:
         return
     total_frames = integer(total_frames, where, "total_frames")
-    stops = manifest.column("dataset_to_index").to_numpy()
-    episodes = manifest.column("episode_index").to_numpy()
+    stops = as_numpy(manifest.column("dataset_to_index"))
+    episodes = as_numpy(manifest.column("episode_index"))
     past = np.flatnonzero(stops > total_frames)
     if len(past):
         row = int(past[0])

@@ -267,7 +267,7 @@ def load_episode(
     listed = {"episode_index": episode_index, "length": length}
     check_header_matches(header, {**listed, "dataset_from_index": dataset_from_index}, where)
     try:
-        table = pq.read_table(pa.BufferReader(member(rows_member(episode_index))))
+        table = pq.ParquetFile(pa.BufferReader(member(rows_member(episode_index)))).read()
     except (pa.ArrowException, OSError) as exc:
         raise FormatError(f"{where}: rows parquet does not parse: {exc}") from exc
     if table.num_rows != length:

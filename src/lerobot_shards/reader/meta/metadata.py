@@ -12,6 +12,7 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from lerobot_shards.arrow import as_numpy
 from lerobot_shards.format import (
     INDEX_FILE,
     INFO_FILE,
@@ -38,9 +39,9 @@ class EpisodeTable:
     """
 
     def __init__(self, manifest: pa.Table) -> None:
-        self._episodes = manifest.column("episode_index").to_numpy()
-        self._lengths = manifest.column("length").to_numpy()
-        self._starts = manifest.column("dataset_from_index").to_numpy()
+        self._episodes = as_numpy(manifest.column("episode_index"))
+        self._lengths = as_numpy(manifest.column("length"))
+        self._starts = as_numpy(manifest.column("dataset_from_index"))
 
     @property
     def column_names(self) -> list[str]:
@@ -246,7 +247,7 @@ def read_meta(
     except FileNotFoundError:
         raise FormatError(f"{tasks_path} not found: the converted dataset is incomplete") from None
     try:  # a failed read (above) is not a bad file
-        table = pq.read_table(pa.BufferReader(data), columns=["task_index", "task"])
+        table = pq.ParquetFile(pa.BufferReader(data)).read(columns=["task_index", "task"])
     except Exception as exc:
         raise FormatError(f"{tasks_path}: tasks do not parse: {exc}") from exc
     indices = table.column("task_index").to_pylist()

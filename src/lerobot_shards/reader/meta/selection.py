@@ -29,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from lerobot_shards.arrow import arrow_array, as_numpy
 from lerobot_shards.format import (
     MANIFEST_SCHEMA,
     MEMBER_TYPE,
@@ -74,12 +75,12 @@ class Selection:
             table = checked.table
             end = row + table.num_rows
             for name, column in numbers.items():
-                column[row:end] = table.column(name).to_numpy()
+                column[row:end] = as_numpy(table.column(name))
             digests[row:end] = checked.digests
             episodes = numbers["episode_index"][row:end]
             shards.add(table.column("shard"), checked.other_shards, row)
             for chunk in table.column("tasks").chunks:
-                tasks.append((np.diff(chunk.offsets.to_numpy()), chunk.flatten()))
+                tasks.append((np.diff(as_numpy(chunk.offsets)), chunk.flatten()))
             members.add(table.column("members"), episodes, numbers["offset"][row:end])
             row = end
         self.episodes = numbers["episode_index"][:row]
@@ -163,18 +164,18 @@ class Selection:
         """The rows as the manifest has them (``MANIFEST_SCHEMA``; made on each call)."""
         episodes = self.episodes
         tasks = pa.ListArray.from_arrays(
-            pa.array(self._task_bounds.astype(np.int32)),
+            arrow_array(self._task_bounds.astype(np.int32)),
             self._tasks.cast(pa.string()),
             type=MANIFEST_SCHEMA.field("tasks").type,
         )
         columns = [
-            pa.array(episodes),
+            arrow_array(episodes),
             self._shards.column(episodes),
-            pa.array(self._offsets),
-            pa.array(self.sizes),
-            pa.array(self.lengths),
-            pa.array(self.starts),
-            pa.array(self.starts + self.lengths),
+            arrow_array(self._offsets),
+            arrow_array(self.sizes),
+            arrow_array(self.lengths),
+            arrow_array(self.starts),
+            arrow_array(self.starts + self.lengths),
             tasks,
             self._members.column(episodes, self._offsets),
             checksum_texts(self._digests),
@@ -210,11 +211,11 @@ class ManifestRows:
         ``dataset_from_index``, ``dataset_to_index``), the arrays' own memory."""
         return pa.table(
             {
-                "episode_index": self.episodes,
-                "length": self.lengths,
-                "size": self.sizes,
-                "dataset_from_index": self.starts,
-                "dataset_to_index": self.starts + self.lengths,
+                "episode_index": arrow_array(self.episodes),
+                "length": arrow_array(self.lengths),
+                "size": arrow_array(self.sizes),
+                "dataset_from_index": arrow_array(self.starts),
+                "dataset_to_index": arrow_array(self.starts + self.lengths),
             }
         )
 
@@ -261,7 +262,7 @@ def _read_selection(
     def selected() -> Iterable[CheckedRows]:
         for checked in file.batches():
             every.add(checked)
-            present = checked.table.column("episode_index").to_numpy()
+            present = as_numpy(checked.table.column("episode_index"))
             at = np.minimum(np.searchsorted(wanted, present), len(wanted) - 1)
             keep = wanted[at] == present
             if keep.any():
@@ -288,7 +289,7 @@ class _EveryRow:
     def add(self, checked: CheckedRows) -> None:
         table, end = checked.table, self.row + checked.table.num_rows
         for name, column in self.numbers.items():
-            column[self.row : end] = table.column(name).to_numpy()
+            column[self.row : end] = as_numpy(table.column(name))
         self.shards.add(table.column("shard"), checked.other_shards, self.row)
         self.row = end
 
@@ -358,12 +359,12 @@ class _MembersBuilder:
         """Rows of ``episodes`` (their spans at ``bases``): their members ``column``."""
         row = 0
         for chunk in column.chunks:
-            counts = np.diff(chunk.offsets.to_numpy()).astype(np.int64)
+            counts = np.diff(as_numpy(chunk.offsets)).astype(np.int64)
             rows = slice(row, row + len(chunk))
             names, offsets, sizes = chunk.flatten().flatten()
             self.counts.append(counts)
-            self.offsets.append(_small(offsets.to_numpy() - np.repeat(bases[rows], counts)))
-            self.sizes.append(_small(sizes.to_numpy()))
+            self.offsets.append(_small(as_numpy(offsets) - np.repeat(bases[rows], counts)))
+            self.sizes.append(_small(as_numpy(sizes)))
             self.roles.append(self._roles(names, episodes[rows], counts))
             self.members += len(names)
             row += len(chunk)
