@@ -513,11 +513,16 @@ class Position:
         elif workers == 1:
             role, taken = 0, offset
         else:
-            per_worker = [
-                planner.locate(origin, epoch, ordering, num_parts, first_part + w, 0, ctx.nodes)[0]
-                for w in range(workers)
-            ]
-            counts = [p.num_samples for p in per_worker]
+            if origin is None:  # a fresh epoch: the counts alone, no other worker's part made
+                counts = planner.part_samples(ordering, num_parts, ctx.nodes)
+                counts = counts[first_part : first_part + workers]
+            else:
+                counts = [
+                    planner.locate(
+                        origin, epoch, ordering, num_parts, first_part + w, 0, ctx.nodes
+                    )[0].num_samples
+                    for w in range(workers)
+                ]
             unit = 1 if ctx.mixed_batches else self.batch_size
             consumed, nxt = consumed_per_worker(offset, counts, unit, ordering.repeat)
             role = (nxt + ctx.worker) % workers
