@@ -656,7 +656,7 @@ MANIFEST_DICTIONARY = ["tasks.list.element", "length", "offset"]
 episode's own (its index, shard, members, checksum): parquet's dictionary would be tried and
 dropped, a sixth of the write at a million episodes."""
 MANIFEST_COMPRESSION = "lz4"
-"""The manifest's codec: parquet's LZ4_RAW, which every reader of this format (pyarrow 14 on)
+"""The manifest's codec: pyarrow's ``lz4``, which every reader of this format (pyarrow 14 on)
 decodes. A million episodes' manifest (132 MB either way) decodes in half the CPU time of
 snappy's, parquet's default: opening a dataset is mostly this decoding. A manifest written
 with any other codec reads the same (the codec is the file's own, not the format's)."""
