@@ -456,12 +456,16 @@ class Position:
         epoch, offset = self.next
         num_parts = ctx.world_size * ctx.workers
         roles = [int(state["role"])] if self.worker_state else range(ctx.workers)
-        samples = sum(
-            planner.locate(
-                self.next_origin, epoch, ctx.ordering, num_parts, first_part + r, 0, ctx.nodes
-            )[0].num_samples
-            for r in roles
-        )
+        if self.next_origin is None:  # a fresh epoch: the counts alone
+            fresh = planner.part_samples(ctx.ordering, num_parts, ctx.nodes)
+            samples = sum(fresh[first_part + r] for r in roles)
+        else:
+            samples = sum(
+                planner.locate(
+                    self.next_origin, epoch, ctx.ordering, num_parts, first_part + r, 0, ctx.nodes
+                )[0].num_samples
+                for r in roles
+            )
         if offset > samples:
             raise ValueError(
                 f"this state's offset {offset} is past the end of epoch {epoch}, which holds "
