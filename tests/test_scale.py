@@ -7,7 +7,9 @@ every episode, shards only where read); ``scripts/bench_scale.py`` measures the 
 
 from __future__ import annotations
 
+import json
 import pickle
+import shutil
 import tracemalloc
 from pathlib import Path
 
@@ -23,10 +25,12 @@ from torch.utils.data._utils.worker import WorkerInfo
 
 import lerobot_shards.format as format_module
 import lerobot_shards.reader.loading.dataset as dataset_module
+import lerobot_shards.reader.plan.partition as partition_module
 from lerobot_shards import ShardedLeRobotDataset
 from lerobot_shards.cli import main
 from lerobot_shards.converter.check import verify_dataset
 from lerobot_shards.format import (
+    INDEX_FILE,
     MANIFEST_FILE,
     MANIFEST_SCHEMA,
     ManifestColumns,
@@ -39,7 +43,12 @@ from lerobot_shards.format import (
 from lerobot_shards.reader.meta.catalog import Catalog
 from lerobot_shards.reader.meta.selection import Selection
 from lerobot_shards.reader.plan.elastic import consumed_per_worker
-from lerobot_shards.reader.plan.partition import Pieces, samples_per_part, split_parts
+from lerobot_shards.reader.plan.partition import (
+    Pieces,
+    samples_per_part,
+    split_part,
+    split_parts,
+)
 from lerobot_shards.testing.scale import make_scaled_dataset
 from lerobot_shards.validate import check_manifest, read_manifest
 
@@ -125,6 +134,21 @@ def test_a_workers_epoch_start_allocates_per_episode_not_per_frame(long_episodes
     ds.load_state_dict({"epoch": 0, "offset": 0, "batch_size": 1})  # a fresh start's state
     peak = peak_bytes(lambda: iter(ds))
     assert peak < 2_000_000, f"{peak} bytes at epoch start"
+
+
+def test_a_workers_epoch_start_makes_its_own_part_alone(many_episodes, monkeypatch):
+    """A worker's epoch start works in its own episodes' number: one of four workers
+    allocates less than one worker alone, whose part is every episode (it split every
+    worker's part to learn their sizes: more than the lone worker, at 1M 56-61 MB)."""
+    monkeypatch.setattr(dataset_module, "tune_worker_malloc", lambda: None)
+    peaks = {}
+    for workers in (1, 4):
+        ds = ShardedLeRobotDataset(str(many_episodes))
+        ds.num_workers = workers
+        info = WorkerInfo(id=workers - 1, num_workers=workers, seed=7, dataset=ds)
+        monkeypatch.setattr(dataset_module, "get_worker_info", lambda info=info: info)
+        peaks[workers] = peak_bytes(lambda ds=ds: iter(ds))
+    assert peaks[4] < 0.8 * peaks[1], peaks
 
 
 # ------------------------------------------------------------------ the first item
@@ -249,6 +273,33 @@ def test_the_kept_manifest_is_the_manifest(episodes, oddities):
         )
     again = pickle.loads(pickle.dumps(selection))
     assert again.table.equals(table)
+
+
+def test_a_manifest_written_with_parquets_defaults_reads_the_same(av1, tmp_path):
+    """The converter writes the manifest LZ4-coded without statistics (it decodes in half the
+    time); one written with parquet's defaults (snappy, statistics), as converters wrote
+    them before, opens, inspects and verifies to the same rows and fingerprint."""
+    new = make_scaled_dataset(av1, tmp_path / "new", 300, read=range(300))
+    old = tmp_path / "old"
+    shutil.copytree(new, old)
+    table = pq.read_table(new / MANIFEST_FILE)
+    pq.write_table(table, old / MANIFEST_FILE)  # parquet's defaults
+    index = json.loads((old / INDEX_FILE).read_text())
+    index["manifest_checksum"] = format_module.checksum((old / MANIFEST_FILE).read_bytes())
+    (old / INDEX_FILE).write_text(json.dumps(index))
+    codecs = {
+        root: pq.ParquetFile(root / MANIFEST_FILE).metadata.row_group(0).column(0).compression
+        for root in (new, old)
+    }
+    assert codecs == {new: "LZ4", old: "SNAPPY"}
+    datasets = [ShardedLeRobotDataset(str(root)) for root in (new, old)]
+    assert datasets[0].selection.table.equals(datasets[1].selection.table)
+    assert datasets[0].fingerprint == datasets[1].fingerprint
+    summaries = [CliRunner().invoke(main, ["inspect", "--json", str(root)]) for root in (new, old)]
+    assert [r.exit_code for r in summaries] == [0, 0], summaries[1].output
+    first, second = (json.loads(r.output) for r in summaries)
+    assert {**first, "root": None} == {**second, "root": None}
+    assert verify_dataset(str(old), sample=0) == []
 
 
 def test_a_manifest_read_in_chunks_is_kept_as_one(av1):
@@ -414,6 +465,30 @@ def test_an_epochs_split_is_the_split_it_was(lengths, num_parts, seed, epoch, sh
     got = split_parts(episodes, lengths, num_parts, seed=seed, epoch=epoch, shuffle=shuffle)
     want = reference_split(episodes, lengths, num_parts, seed, epoch, shuffle)
     assert got == want
+
+
+@settings(max_examples=300)
+@given(
+    lengths=st.lists(st.integers(1, 40), min_size=1, max_size=60),
+    num_parts=st.integers(1, 9),
+    seed=st.integers(0, 3),
+    epoch=st.integers(0, 3),
+    shuffle=st.booleans(),
+    block=st.sampled_from([1, 4, 65536]),
+)
+def test_one_part_made_alone_is_that_part_of_the_split(
+    lengths, num_parts, seed, epoch, shuffle, block
+):
+    """What a DataLoader worker streams, made without the other parts (its order summed a
+    ``block`` at a time), is its part of the epoch's split."""
+    want = reference_split(np.arange(len(lengths)), lengths, num_parts, seed, epoch, shuffle)
+    saved, partition_module._ORDER_BLOCK = partition_module._ORDER_BLOCK, block
+    try:
+        for part in range(num_parts):
+            got = split_part(lengths, num_parts, part, seed=seed, epoch=epoch, shuffle=shuffle)
+            assert got == want[part], part
+    finally:
+        partition_module._ORDER_BLOCK = saved
 
 
 def test_a_million_episodes_split_in_a_fraction_of_their_arrays():

@@ -298,7 +298,8 @@ class ShardedLeRobotDataset(IterableDataset):
             limit = None if cache_limit_gb is None else int(cache_limit_gb * GB)
             self.cache = CachedReads(cache_dir or default_cache_dir(), limit)
         weighting = None if epoch_units is None else self.samples_per_dataset.tolist()
-        self._fingerprint = cat.fingerprint(weighting)
+        self._fingerprint: str | list[int] | None = weighting
+        """The fingerprint, or until first asked for, what it is made of beside the catalog."""
         self._position = Position()
         self._worker_epochs = WorkerEpochs()
         """What fresh DataLoader workers share with this dataset (``worker_epochs`` says why)."""
@@ -384,7 +385,10 @@ class ShardedLeRobotDataset(IterableDataset):
     @property
     def fingerprint(self) -> str:
         """``manifest_fingerprint`` of the selected episodes' manifest rows; of a mixture, a
-        digest of every dataset's and of the samples each contributes per epoch."""
+        digest of every dataset's and of the samples each contributes per epoch. Made when
+        first asked for (a state to save or load), not when the dataset is opened."""
+        if not isinstance(self._fingerprint, str):
+            self._fingerprint = self.catalog.fingerprint(self._fingerprint)
         return self._fingerprint
 
     @property
@@ -539,7 +543,7 @@ class ShardedLeRobotDataset(IterableDataset):
         num_parts, index = ctx.world_size * ctx.workers, first + ctx.worker
 
         def next_part() -> Part:  # the next epoch's fresh part, as the next iteration plans it
-            return planner.fresh_parts(ordering, num_parts, part.epoch + 1, nodes)[index]
+            return planner.fresh_part(ordering, num_parts, part.epoch + 1, index, nodes)
 
         self.catalog.resolve_filesystems()
         node = None

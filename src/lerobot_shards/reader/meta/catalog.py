@@ -21,7 +21,7 @@ import numpy as np
 from fsspec.implementations.local import LocalFileSystem
 
 from lerobot_shards.depth import DEFAULT_DEPTH_UNIT, rescale_stats
-from lerobot_shards.format import MANIFEST_FILE, join, read_whole
+from lerobot_shards.format import MANIFEST_FILE, join, read_large
 from lerobot_shards.items import ItemSpec, delta_indices
 from lerobot_shards.reader.fetch.ranged import RetryingReads, read_span
 from lerobot_shards.reader.frames.episode import Episode, load_episode
@@ -138,7 +138,7 @@ class Member:
         index = read_index(fs, self.path)  # first: it says whether this is a dataset
         where = join(self.path, MANIFEST_FILE)
         self.selection, every = read_selection(
-            read_whole(fs, where), where, self.path, source.episodes, self.root, index.video_keys
+            read_large(fs, where), where, self.path, source.episodes, self.root, index.video_keys
         )
         numbers = every.table()
         check_totals(index, numbers, self.root)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import pyarrow as pa
@@ -96,8 +97,12 @@ class Selection:
         values = pa.concat_arrays([v for _, v in tasks] or [pa.array([], pa.string())])
         self._tasks = values.dictionary_encode()
         self._members = members.finish()
-        self.fingerprint = digests_fingerprint(self.episodes, self.lengths, self._digests)
-        """``manifest_fingerprint`` of these rows: what a checkpoint is checked against."""
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """``manifest_fingerprint`` of these rows: what a checkpoint is checked against (made
+        when first asked for: a pass over every checksum that opening the dataset skips)."""
+        return digests_fingerprint(self.episodes, self.lengths, self._digests)
 
     @classmethod
     def of(cls, table: pa.Table, path: str, video_keys: Sequence[str]) -> Selection:
@@ -221,7 +226,7 @@ class ManifestRows:
 
 
 def read_selection(
-    data: bytes,
+    data: bytes | pa.Buffer,
     where: str,
     path: str,
     episodes: Sequence[int] | None,
@@ -238,7 +243,7 @@ def read_selection(
 
 
 def _read_selection(
-    data: bytes,
+    data: bytes | pa.Buffer,
     where: str,
     path: str,
     episodes: Sequence[int] | None,

@@ -45,6 +45,7 @@ from lerobot_shards.reader.plan.partition import (
     node_places,
     samples_per_part,
     split_nodes,
+    split_part,
     split_parts,
 )
 from lerobot_shards.reader.plan.pool import DRAW_RULE, READER_GROUP, first_draws, plan_part
@@ -277,6 +278,7 @@ class Planner:
         self.total = self._make_units(0).total
         self.cost = cost
         self._fresh: dict[tuple, list[Part]] = {}
+        self._fresh_one: dict[tuple, Part] = {}
         self._segments: dict[tuple, list[list[Part]]] = {}
         self._consumed: dict[tuple, np.ndarray] = {}
         self._positions: dict[Checkpoint, list[tuple[Part, int]]] = {}
@@ -356,18 +358,60 @@ class Planner:
             if len(self._fresh) >= 8:  # an endless stream plans epoch after epoch: keep few
                 del self._fresh[next(iter(self._fresh))]
             self._fresh[key] = [
-                Part(
-                    epoch,
-                    pieces.episodes,
-                    table.episodes[pieces.episodes],
-                    *_offset_by(table.starts[pieces.episodes], pieces.starts, pieces.stops),
-                    None,
-                    (ordering.seed, epoch) if num_parts == 1 else (ordering.seed, epoch, p),
-                    samples[p],
-                )
+                self._part(table, pieces, ordering, epoch, num_parts, p, samples[p])
                 for p, pieces in enumerate(split)
             ]
         return self._fresh[key]
+
+    def fresh_part(
+        self, ordering: Ordering, num_parts: int, epoch: int, part: int, nodes: Nodes | int = 1
+    ) -> Part:
+        """``fresh_parts(...)[part]``, made alone where it can be (one node's share of whole
+        units, :func:`split_part`): a DataLoader worker's epoch start then works in
+        proportion to its own episodes, not to every part's."""
+        groups = ordering.node_shares(nodes, num_parts)
+        key = (ordering.seed, ordering.shuffle, ordering.pad, num_parts, epoch, groups)
+        if key in self._fresh or len(groups) > 1:
+            return self.fresh_parts(ordering, num_parts, epoch, nodes)[part]
+        table = self.units(epoch)
+        if not (table.counts > 0).all():  # units without frames: split_parts leaves them out
+            return self.fresh_parts(ordering, num_parts, epoch, nodes)[part]
+        own = (key, part)
+        if own not in self._fresh_one:
+            pieces = split_part(
+                table.counts, num_parts, part, seed=ordering.seed, epoch=epoch,
+                shuffle=ordering.shuffle,
+            )  # fmt: skip
+            samples = self.part_samples(ordering, num_parts, nodes)[part]
+            if len(self._fresh_one) >= 8:
+                del self._fresh_one[next(iter(self._fresh_one))]
+            self._fresh_one[own] = self._part(
+                table, pieces, ordering, epoch, num_parts, part, samples
+            )
+        return self._fresh_one[own]
+
+    def part_samples(self, ordering: Ordering, num_parts: int, nodes: Nodes | int = 1) -> list[int]:
+        """Samples each part of a fresh epoch yields (``fresh_parts``' ``num_samples``), with
+        no part made."""
+        return samples_per_part(
+            self.total, num_parts, ordering.pad, ordering.node_shares(nodes, num_parts)
+        )
+
+    @staticmethod
+    def _part(
+        table: Units, pieces: Pieces, ordering: Ordering, epoch: int, num_parts: int, p: int,
+        samples: int,
+    ) -> Part:  # fmt: skip
+        """Part ``p`` of a fresh epoch: ``pieces`` of the units of ``table``."""
+        return Part(
+            epoch,
+            pieces.episodes,
+            table.episodes[pieces.episodes],
+            *_offset_by(table.starts[pieces.episodes], pieces.starts, pieces.stops),
+            None,
+            (ordering.seed, epoch) if num_parts == 1 else (ordering.seed, epoch, p),
+            samples,
+        )
 
     def rest_parts(
         self, ordering: Ordering, num_parts: int, epoch: int, remaining: np.ndarray
@@ -447,7 +491,7 @@ class Planner:
                 return
             epoch = segments[-1][0].epoch + 1
         while True:
-            yield self.fresh_parts(ordering, num_parts, epoch, nodes)[part]
+            yield self.fresh_part(ordering, num_parts, epoch, part, nodes)
             if not ordering.repeat:
                 return
             epoch += 1

@@ -147,6 +147,64 @@ def split_parts(
     return _cut_whole(episodes, lengths, order, num_parts)
 
 
+def split_part(
+    lengths: np.ndarray, num_parts: int, part: int, *, seed: int, epoch: int, shuffle: bool = True
+) -> Pieces:
+    """``split_parts(np.arange(len(lengths)), lengths, ...)[part]``, computed alone: what one
+    DataLoader worker streams, without the other parts. Every length must be at least 1.
+
+    The order is the same permutation (an int32 one: half the bytes), and the part's ends are
+    found a block of the order at a time, so what is allocated beyond the permutation is the
+    part's own pieces: a worker of 32 parts of a million episodes holds a thirty-second of
+    them, not every part's."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    n = len(lengths)
+    if not 0 <= part < num_parts:
+        raise ValueError(f"part {part} is not one of {num_parts}")
+    if num_parts == 1:
+        return Pieces(np.arange(n), np.zeros(n, np.int64), lengths)
+    order = np.arange(n, dtype=np.int32 if n < 2**31 else np.int64)
+    if shuffle:
+        np.random.default_rng([seed, epoch, _SPLIT_STREAM, num_parts]).shuffle(order)
+    total = int(lengths.sum())
+    sizes = samples_per_part(total, num_parts, pad=False)
+    lo = sum(sizes[:part])
+    hi = lo + sizes[part]
+    # first: episodes ending at or before lo; last: one past the last beginning before hi
+    first = last = 0
+    ends: dict[int, int] = {}  # ends[at] of the two episodes that may be cut
+    begun = 0
+    for block in range(0, n, _ORDER_BLOCK):
+        block_ends = begun + np.cumsum(lengths[order[block : block + _ORDER_BLOCK]])
+        first += int(np.searchsorted(block_ends, lo, side="right"))
+        last += int(np.searchsorted(block_ends, hi, side="left"))
+        ends.update({block + i: int(block_ends[i]) for i in (0, len(block_ends) - 1)})
+        begun = int(block_ends[-1])
+    last = min(last + (hi > 0), n)
+    for at in (first, last - 1):  # the end of each of the two ends of the part
+        if 0 <= at < n and at not in ends:
+            block = at - at % _ORDER_BLOCK
+            ends[at] = int(lengths[order[block : at + 1]].sum()) + (ends[block - 1] if block else 0)
+    rows = np.sort(order[first:last]).astype(np.int64)
+    starts = np.zeros(len(rows), np.int64)
+    stops = lengths[rows]
+    for at, cut in ((first, True), (last - 1, False)):
+        if not first <= at < last:
+            continue
+        row = int(order[at])
+        begin = ends[at] - int(lengths[row])
+        k = int(np.searchsorted(rows, row))
+        if cut:
+            starts[k] = max(begin, lo) - begin
+        else:
+            stops[k] = min(ends[at], hi) - begin
+    return Pieces(rows, starts, stops)
+
+
+_ORDER_BLOCK = 65536
+"""Entries of the order summed at a time by :func:`split_part`."""
+
+
 def split_nodes(
     episodes: np.ndarray,
     lengths: np.ndarray,

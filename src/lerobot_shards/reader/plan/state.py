@@ -456,12 +456,16 @@ class Position:
         epoch, offset = self.next
         num_parts = ctx.world_size * ctx.workers
         roles = [int(state["role"])] if self.worker_state else range(ctx.workers)
-        samples = sum(
-            planner.locate(
-                self.next_origin, epoch, ctx.ordering, num_parts, first_part + r, 0, ctx.nodes
-            )[0].num_samples
-            for r in roles
-        )
+        if self.next_origin is None:  # a fresh epoch: the counts alone
+            fresh = planner.part_samples(ctx.ordering, num_parts, ctx.nodes)
+            samples = sum(fresh[first_part + r] for r in roles)
+        else:
+            samples = sum(
+                planner.locate(
+                    self.next_origin, epoch, ctx.ordering, num_parts, first_part + r, 0, ctx.nodes
+                )[0].num_samples
+                for r in roles
+            )
         if offset > samples:
             raise ValueError(
                 f"this state's offset {offset} is past the end of epoch {epoch}, which holds "
@@ -513,11 +517,16 @@ class Position:
         elif workers == 1:
             role, taken = 0, offset
         else:
-            per_worker = [
-                planner.locate(origin, epoch, ordering, num_parts, first_part + w, 0, ctx.nodes)[0]
-                for w in range(workers)
-            ]
-            counts = [p.num_samples for p in per_worker]
+            if origin is None:  # a fresh epoch: the counts alone, no other worker's part made
+                counts = planner.part_samples(ordering, num_parts, ctx.nodes)
+                counts = counts[first_part : first_part + workers]
+            else:
+                counts = [
+                    planner.locate(
+                        origin, epoch, ordering, num_parts, first_part + w, 0, ctx.nodes
+                    )[0].num_samples
+                    for w in range(workers)
+                ]
             unit = 1 if ctx.mixed_batches else self.batch_size
             consumed, nxt = consumed_per_worker(offset, counts, unit, ordering.repeat)
             role = (nxt + ctx.worker) % workers
