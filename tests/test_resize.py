@@ -2,7 +2,7 @@
 policy's geometry (openpi's ``resize_with_pad``) as properties, and a video's frames resized
 the same whichever way they reach an item (converted in a decode thread, or written into a
 batch slot that held other bytes), equal to PyAV's own ``reformat`` of the same frames (the
-same swscale arithmetic, so equal bit for bit: a ``yuv420p`` frame scaled in ``yuv420p``, then
+same swscale arithmetic, so equal bit for bit: a ``yuv420p`` frame scaled into ``yuv422p``, then
 converted to rgb24); images by Pillow's bilinear filter."""
 
 from __future__ import annotations
@@ -79,10 +79,10 @@ def episode_video(av1) -> tuple[bytes, int]:
 
 def swscale_resized(frame: av.VideoFrame, rows: int, columns: int) -> np.ndarray:
     """The stated arithmetic, by PyAV's own ``reformat``: a ``yuv420p`` frame scaled bilinear
-    in ``yuv420p`` then converted to rgb24; any other format scaled and converted at once."""
+    into ``yuv422p`` then converted to rgb24; any other format scaled and converted at once."""
     threads = one_thread_options()
     if frame.format.name == "yuv420p":
-        frame = frame.reformat(width=columns, height=rows, format="yuv420p", **threads)
+        frame = frame.reformat(width=columns, height=rows, format="yuv422p", **threads)
         return frame.reformat(format="rgb24", **threads).to_ndarray()
     return frame.reformat(width=columns, height=rows, format="rgb24", **threads).to_ndarray()
 
