@@ -272,7 +272,8 @@ def check_cameras(name, root, sample, own, decoded) -> None:
             root, int(sample["episode_index"]), camera, int(sample["frame_index"])
         )
         threads = one_thread_options()
-        if source.format.name == "yuv420p":  # scaled into yuv422p, then converted (stated)
+        if source.format.name == "yuv420p" and (rows, columns) != (source.height, source.width):
+            # scaled into yuv422p, then converted (stated); a frame of the size, converted
             source = source.reformat(width=columns, height=rows, format="yuv422p", **threads)
             swscale = source.reformat(format="rgb24", **threads).to_ndarray()
         else:

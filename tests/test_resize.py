@@ -81,7 +81,7 @@ def swscale_resized(frame: av.VideoFrame, rows: int, columns: int) -> np.ndarray
     """The stated arithmetic, by PyAV's own ``reformat``: a ``yuv420p`` frame scaled bilinear
     into ``yuv422p`` then converted to rgb24; any other format scaled and converted at once."""
     threads = one_thread_options()
-    if frame.format.name == "yuv420p":
+    if frame.format.name == "yuv420p" and (rows, columns) != (frame.height, frame.width):
         frame = frame.reformat(width=columns, height=rows, format="yuv422p", **threads)
         return frame.reformat(format="rgb24", **threads).to_ndarray()
     return frame.reformat(width=columns, height=rows, format="rgb24", **threads).to_ndarray()

@@ -89,29 +89,63 @@ class Resize:
 
 def resized_rgb24(frame: Any, resize: Resize) -> torch.Tensor:
     """A decoded PyAV frame converted to RGB and resized: a new uint8 ``(H, W, 3)`` tensor."""
-    out = torch.empty(resize.shape, dtype=torch.uint8)
+    out = torch.from_numpy(np.empty(resize.shape, dtype=np.uint8))
     write_resized_rgb24(frame, out, resize)
     return out
 
 
-def write_resized_rgb24(frame: Any, out: torch.Tensor, resize: Resize) -> None:
-    """Write ``frame`` converted to RGB and resized into ``out``, a C-contiguous uint8
-    ``(H, W, 3)`` tensor such as a batch slot (its bands, with ``pad``, set to zero)."""
+@dataclass(frozen=True)
+class Scaled:
+    """A decoded frame scaled for a resize (:func:`scaled`), not yet converted: what a frame
+    cache best holds (for a 480x640 frame brought to 224x224, a fifth of its full-size
+    rgb24's bytes)."""
+
+    picture: Any
+    """PyAV's frame at the picture's size: ``yuv422p``, rgb24, or the frame as decoded."""
+    top: int
+    left: int
+
+    @property
+    def planes(self) -> Any:
+        """The picture's planes (what a frame cache counts)."""
+        return self.picture.planes
+
+
+def scaled(frame: Any, resize: Resize) -> Scaled:
+    """``frame`` (PyAV's, as decoded) scaled to the size of its picture in the resized frame:
+    a ``yuv420p`` frame into ``yuv422p``, any other into rgb24; a frame already of that size
+    as it is. A :class:`Scaled` is returned as it is."""
+    if isinstance(frame, Scaled):
+        return frame
     top, left, rows, columns = resize.inner(frame.height, frame.width)
-    scaled_format = SCALED_IN.get(frame.format.name, "rgb24")
-    scaled = _reformatter(frame, rows, columns).reformat(
-        frame, width=columns, height=rows, format=scaled_format, **one_thread_options()
-    )
+    if (rows, columns) != (frame.height, frame.width):
+        frame = _reformatter(frame, rows, columns).reformat(
+            frame,
+            width=columns,
+            height=rows,
+            format=SCALED_IN.get(frame.format.name, "rgb24"),
+            **one_thread_options(),
+        )
+    return Scaled(frame, top, left)
+
+
+def write_resized_rgb24(frame: Any, out: torch.Tensor, resize: Resize) -> None:
+    """Write ``frame`` (as decoded, or :func:`scaled`) converted to RGB and resized into
+    ``out``, a C-contiguous uint8 ``(H, W, 3)`` tensor such as a batch slot (its bands, with
+    ``pad``, set to zero)."""
+    done = scaled(frame, resize)
+    picture, top, left = done.picture, done.top, done.left
     target = out.numpy()
-    if scaled_format == "rgb24":
-        _place(scaled.to_ndarray(), target, top, left)
+    if picture.format.name == "rgb24":
+        _place(picture.to_ndarray(), target, top, left)
         return
+    rows, columns = picture.height, picture.width
     inner = out[top : top + rows, left : left + columns]
     if inner.is_contiguous():  # whole rows (a wide frame into a square): converted in place
         _bands(target, top, left, rows, columns)
-        write_rgb24(scaled, inner)
+        write_rgb24(picture, inner)
     else:
-        _place(to_rgb24(scaled).numpy(), target, top, left)
+        _place(to_rgb24(picture).numpy(), target, top, left)
 
 
 def resized_image(image: np.ndarray, resize: Resize) -> np.ndarray:
