@@ -25,14 +25,15 @@ with other work than samples/s does.
 3. ``two-slots``: the same with every robot's cameras on the same two slots (no zero image):
    the mapping's own cost, the delivered bytes those of ``homogeneous``.
 4. ``resized``: ``embodiments`` at ``image_size`` 224x224 (keep aspect, pad), frames scaled
-   by swscale as they are converted in the DataLoader workers.
+   by swscale into ``yuv422p``, then converted, in the DataLoader workers.
 5. ``homogeneous+copy`` and ``resized+copy``: 1 and 4 with the training process copying each
    batch's frames once, as ``pin_memory`` or a host-to-device transfer does.
 
 First, on one thread, what one 480x640 frame of the arm's costs: its GOP's decode (per frame),
 its conversion to rgb24 at full size, and its conversion to 224x168 (the picture ``pad`` puts
-into 224x224) by PyAV's ``reformat`` with swscale's bilinear scaler (the reader's), area
-averaging and fast bilinear.
+into 224x224): the reader's (swscale's bilinear scaler into ``yuv422p``, then converted), and
+PyAV's ``reformat`` in one pass with swscale's bilinear scaler, area averaging and fast
+bilinear.
 
 Goals (issue 45): ``embodiments`` within 10% of ``homogeneous`` in samples/s and peak PSS;
 ``resized`` faster than ``homogeneous``.
@@ -235,6 +236,7 @@ def conversion_costs(root: Path) -> None:
 
     import av
     import pyarrow.parquet as pq
+    import torch
 
     row = pq.read_table(root / "manifest.parquet").to_pylist()[0]
     data = (root / row["shard"]).read_bytes()
@@ -269,9 +271,19 @@ def conversion_costs(root: Path) -> None:
 
         return best(work)
 
+    from lerobot_shards.reader.frames.resize import Resize, write_resized_rgb24
+
+    resize, out = Resize(224, 224, "pad"), torch.empty((224, 224, 3), dtype=torch.uint8)
+
+    def reader() -> int:
+        for frame in frames:
+            write_resized_rgb24(frame, out, resize)
+        return len(frames)
+
     print(
         f"one 480x640 frame, one thread: decode {best(decode):.2f} ms; to rgb24 "
-        f"{convert():.2f} ms; to 224x168 rgb24: bilinear (the reader's) "
+        f"{convert():.2f} ms; to 224x224 (pad) as the reader does, into yuv422p then rgb24 "
+        f"{best(reader):.2f} ms; to 224x168 rgb24 in one pass: bilinear "
         f"{convert(width=224, height=168):.2f} ms, area "
         f"{convert(width=224, height=168, interpolation='AREA'):.2f} ms, fast bilinear "
         f"{convert(width=224, height=168, interpolation='FAST_BILINEAR'):.2f} ms",

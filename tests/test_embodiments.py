@@ -6,7 +6,8 @@ The expectations are computed here, apart from the reader: vectors from the reco
 formulas (``observation.state[j] = 100*episode + frame + j/4``, action 0.25 less, the golden
 README's and the factory's), normalised in float64 with the statistics read from each dataset's
 ``meta/stats.json``; video frames decoded from the shards' mp4 members with PyAV and resized by
-PyAV's ``reformat`` (swscale, the arithmetic the layout states: equal bit for bit), and against
+PyAV's ``reformat`` (swscale, the arithmetic the layout states: a ``yuv420p`` frame scaled into
+``yuv422p``, then converted to rgb24; equal bit for bit), and against
 Pillow's bilinear resize of each dataset's own frames (other arithmetic: within a tolerance,
 below); image features resized by Pillow (the arithmetic stated for them: equal).
 
@@ -270,9 +271,15 @@ def check_cameras(name, root, sample, own, decoded) -> None:
         source = decoded.frame(
             root, int(sample["episode_index"]), camera, int(sample["frame_index"])
         )
-        swscale = source.reformat(
-            width=columns, height=rows, format="rgb24", **one_thread_options()
-        ).to_ndarray()
+        threads = one_thread_options()
+        if source.format.name == "yuv420p" and (rows, columns) != (source.height, source.width):
+            # scaled into yuv422p, then converted (stated); a frame of the size, converted
+            source = source.reformat(width=columns, height=rows, format="yuv422p", **threads)
+            swscale = source.reformat(format="rgb24", **threads).to_ndarray()
+        else:
+            swscale = source.reformat(
+                width=columns, height=rows, format="rgb24", **threads
+            ).to_ndarray()
         assert np.array_equal(frame, padded(swscale, top, left)), (name, slot)
 
 

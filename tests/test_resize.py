@@ -2,7 +2,8 @@
 policy's geometry (openpi's ``resize_with_pad``) as properties, and a video's frames resized
 the same whichever way they reach an item (converted in a decode thread, or written into a
 batch slot that held other bytes), equal to PyAV's own ``reformat`` of the same frames (the
-same swscale arithmetic, so equal bit for bit); images by Pillow's bilinear filter."""
+same swscale arithmetic, so equal bit for bit: a ``yuv420p`` frame scaled into ``yuv422p``, then
+converted to rgb24); images by Pillow's bilinear filter."""
 
 from __future__ import annotations
 
@@ -76,6 +77,16 @@ def episode_video(av1) -> tuple[bytes, int]:
     return data[mp4["offset"] : mp4["offset"] + mp4["size"]], row["length"]
 
 
+def swscale_resized(frame: av.VideoFrame, rows: int, columns: int) -> np.ndarray:
+    """The stated arithmetic, by PyAV's own ``reformat``: a ``yuv420p`` frame scaled bilinear
+    into ``yuv422p`` then converted to rgb24; any other format scaled and converted at once."""
+    threads = one_thread_options()
+    if frame.format.name == "yuv420p" and (rows, columns) != (frame.height, frame.width):
+        frame = frame.reformat(width=columns, height=rows, format="yuv422p", **threads)
+        return frame.reformat(format="rgb24", **threads).to_ndarray()
+    return frame.reformat(width=columns, height=rows, format="rgb24", **threads).to_ndarray()
+
+
 @pytest.mark.parametrize(
     "resize", [Resize(24, 40, "pad"), Resize(64, 48, "pad"), Resize(20, 20, "stretch")]
 )
@@ -87,11 +98,7 @@ def test_a_videos_frames_are_resized_alike_whichever_way_they_reach_an_item(epis
         frames = list(container.decode(video=0))
     top, left, rows, columns = resize.inner(40, 56)
     for position in (0, 7, length - 1):
-        picture = (
-            frames[position]
-            .reformat(width=columns, height=rows, format="rgb24", **one_thread_options())
-            .to_ndarray()
-        )
+        picture = swscale_resized(frames[position], rows, columns)
         expected = np.zeros(resize.shape, np.uint8)
         expected[top : top + rows, left : left + columns] = picture
         converted = video.decode(position)[position]  # as a decode thread gives it

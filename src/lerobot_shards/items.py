@@ -289,7 +289,7 @@ class ItemSpec:
                     item[key] = self.image_transforms(item[key])
         item["task"] = task
         if self.key_map:
-            item = {self.output_key(k): v for k, v in item.items() if self.output_key(k)}
+            item = {name: v for k, v in item.items() if (name := self.output_key(k))}
         if self.dataset_index is not None:
             item["dataset_index"] = torch.tensor(self.dataset_index)
         return item

@@ -58,6 +58,7 @@ from lerobot_shards.reader.frames.resize import (
     Resize,
     resized_image,
     resized_rgb24,
+    scaled,
     write_resized_rgb24,
 )
 from lerobot_shards.reader.frames.rgb24 import to_rgb24, write_rgb24
@@ -142,12 +143,9 @@ class Video:
         except (av.error.FFmpegError, IndexError) as exc:
             raise DecodeError(f"{where}: video does not decode: {exc}") from exc
         _check_count(len(spans) - skip_frames - tail_frames, length, where)
-        # Resized to fewer bytes than a decoded 4:2:0 frame (half its rgb24), frames are best
-        # held converted: a frame cache then holds more of them, and a batch slot would be
-        # written by a copy anyway (``resize.py``).
-        self.hold_converted = False
+        # Resized, frames are held scaled (``resize.scaled``), converted where they are drawn:
+        # at most the resized rgb24's bytes each.
         if resize is not None:
-            self.hold_converted = resize.height * resize.width * 3 < self.frame_bytes / 2
             self.frame_bytes = resize.height * resize.width * 3
         span_array = np.asarray(spans, dtype=np.int64).reshape(-1, 2)
         if span_array.size and (
@@ -208,6 +206,11 @@ class Video:
         have given converted (resized, with a ``resize``)."""
         return to_rgb24(frame) if self.resize is None else resized_rgb24(frame, self.resize)
 
+    def held(self, frame: Any) -> Any:
+        """A frame :meth:`decode` gives unconverted: as decoded, or scaled with a ``resize``
+        (fewer bytes held, converted by :meth:`to_rgb` or :meth:`write_rgb` all the same)."""
+        return frame if self.resize is None else scaled(frame, self.resize)
+
     def write_rgb(self, frame: Any, out: torch.Tensor) -> None:
         """Write what :meth:`to_rgb` gives for ``frame`` into ``out`` (a batch slot)."""
         if self.resize is None:
@@ -218,7 +221,8 @@ class Video:
     def decode(self, position: int, keep: Collection[int] = (), rgb: bool = True) -> dict[int, Any]:
         """Frame ``position`` and the frames ``keep`` of its GOP (``gop_positions``), by episode
         position: uint8 ``(H, W, 3)`` tensors, or with ``rgb=False`` and the pyav backend,
-        PyAV's frames as decoded, for ``rgb24.py`` to write where they are wanted; a depth
+        PyAV's frames as decoded (scaled, with a ``resize``: :meth:`held`), for ``rgb24.py`` to
+        write where they are wanted; a depth
         map's: float32 ``(H, W, 1)`` in the output unit, whatever ``rgb`` says.
 
         Decodes from the GOP's keyframe only as far as the wanted frames need (with LeRobot's
@@ -261,7 +265,7 @@ class Video:
                     if self.depth is not None:
                         frames[p] = to_depth(frame, self.depth)
                     else:
-                        frames[p] = self.to_rgb(frame) if rgb else frame
+                        frames[p] = self.to_rgb(frame) if rgb else self.held(frame)
 
         fed, packets = first, 0
         try:

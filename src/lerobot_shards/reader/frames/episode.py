@@ -129,7 +129,7 @@ class CameraFrames:
                 for p in video.gop_positions(position)
                 if p != position and cache.would_hold(self.key(p), video.frame_bytes)
             ]
-            decoded = video.decode(position, keep, rgb=out is None or video.hold_converted)
+            decoded = video.decode(position, keep, rgb=out is None)
             frame = decoded.pop(position)
             for p, other in decoded.items():
                 cache.offer(self.key(p), other, frame_nbytes(other))
