@@ -60,6 +60,9 @@ class RowArena:
         self._shapes: dict[str, tuple[int, ...]] = {}  # camera -> channel-last uint8 frames
         self._declined: set[str] = set()
         self._last = -1  # the batch of the item packed last
+        # (slot, camera, shape, dtype) -> the region as rows of that shape, a row's bytes, the
+        # region's offset in the slot (no rows: None)
+        self._rows: dict[tuple, tuple[torch.Tensor | None, int, int]] = {}
 
     def slots(self) -> dict[str, torch.Tensor] | None:
         """The next item's decode slots (uint8 ``(T, H, W, 3)`` by camera), or None."""
@@ -135,13 +138,18 @@ class RowArena:
     ) -> tuple[torch.Tensor | None, int]:
         """Row ``row`` of camera ``key``'s region of slot ``slot`` as a ``dtype`` tensor of
         ``shape``, and its byte offset in the slot (None where it does not fit)."""
-        region = self._writer.region(slot, key)
-        nbytes = int(np.prod(shape)) * dtype.itemsize
-        if region is None or (row + 1) * nbytes > len(region):
+        layout = (slot, key, shape, dtype)
+        rows = self._rows.get(layout)
+        if rows is None:  # the region as rows of this shape, made once (torch views cost)
+            region = self._writer.region(slot, key)
+            nbytes = math.prod(shape) * dtype.itemsize
+            count = 0 if region is None else len(region) // nbytes
+            view = region[: count * nbytes].view(dtype).view(count, *shape) if count else None
+            rows = self._rows[layout] = (view, nbytes, self._writer.regions.get(key, (0, 0))[0])
+        view, nbytes, base = rows
+        if view is None or row >= len(view):
             return None, 0
-        start = row * nbytes
-        offset = self._writer.regions[key][0] + start
-        return region[start : start + nbytes].view(dtype).view(shape), offset
+        return view[row], base + row * nbytes
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
