@@ -248,6 +248,8 @@ def read_meta(
         raise FormatError(f"{tasks_path} not found: the converted dataset is incomplete") from None
     try:  # a failed read (above) is not a bad file
         table = pq.ParquetFile(pa.BufferReader(data)).read(columns=["task_index", "task"])
+        if table.column_names != ["task_index", "task"]:  # a column it lacks is left out
+            raise ValueError(f"it has columns {table.schema.names}, not task_index and task")
     except Exception as exc:
         raise FormatError(f"{tasks_path}: tasks do not parse: {exc}") from exc
     indices = table.column("task_index").to_pylist()
