@@ -1,14 +1,26 @@
-"""Arrow columns to numpy and back without pyarrow's pandas bridge.
+"""Arrow as this project uses it: columns to numpy and back without pyarrow's pandas bridge,
+and the large one-off reads and writes (a million episodes' manifest) on the C library's
+allocator.
 
-Why. ``Array.to_numpy`` and ``pa.array`` go through pyarrow's pandas conversion layer, which
-imports pandas wherever it is installed: 0.4 s of CPU in a process that has imported torch,
-before a reader's first item, in a process that never uses pandas otherwise. The manifest's
-and the episodes' numeric columns need none of it: a primitive column without nulls is a numpy
-view of its buffer. Anything else (nulls, booleans, nested or string types) takes pyarrow's own
-conversion.
+Why the bridge is avoided. ``Array.to_numpy`` and ``pa.array`` go through pyarrow's pandas
+conversion layer, which imports pandas wherever it is installed: 0.4 s of CPU in a process that
+has imported torch, before a reader's first item, in a process that never uses pandas
+otherwise. The manifest's and the episodes' numeric columns need none of it: a primitive column
+without nulls is a numpy view of its buffer. Anything else (nulls, booleans, nested or string
+types) takes pyarrow's own conversion.
+
+Why the allocator. pyarrow's default pool (mimalloc in its Linux wheels) hands memory back to
+the system and maps it again as a manifest is decoded or encoded a row group at a time: at a
+million episodes, on a 2-core cloud VM, that cost 0.8-2.2 s of kernel CPU time on top of
+about 1 s of decoding (0.25 s with glibc's malloc), and as much again on top of the
+converter's write (see ``docs/performance.md``).
 """
 
 from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import pyarrow as pa
@@ -42,3 +54,29 @@ def arrow_array(values: np.ndarray) -> pa.Array:
         raise TypeError(f"arrow_array takes a 1-D numeric array, not {values.dtype} {values.shape}")
     kind = pa.from_numpy_dtype(values.dtype)
     return pa.Array.from_buffers(kind, len(values), [None, pa.py_buffer(values)])
+
+
+_pool_lock = threading.Lock()
+_pool_users = 0
+_pool_before: pa.MemoryPool | None = None
+
+
+@contextmanager
+def system_allocator() -> Iterator[None]:
+    """Arrow's allocations in this block (in any thread) from the C library's malloc, then the
+    default pool as it was: for a large read or write done once (the module docstring says
+    why). Blocks may nest or overlap across threads; the last one out restores the pool."""
+    global _pool_users, _pool_before
+    with _pool_lock:
+        if _pool_users == 0:
+            _pool_before = pa.default_memory_pool()
+            pa.set_memory_pool(pa.system_memory_pool())
+        _pool_users += 1
+    try:
+        yield
+    finally:
+        with _pool_lock:
+            _pool_users -= 1
+            if _pool_users == 0:
+                pa.set_memory_pool(_pool_before)
+                _pool_before = None

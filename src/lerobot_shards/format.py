@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import posixpath
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from fsspec.implementations.local import LocalFileSystem
 
-from lerobot_shards.arrow import as_numpy
+from lerobot_shards.arrow import as_numpy, system_allocator
 
 FORMAT_NAME = "lerobot-shards"
 FORMAT_VERSION = 1
@@ -87,29 +87,46 @@ class Formatted:
 
     def blocks(self) -> Iterator[tuple[int, int, np.ndarray]]:
         """``(first, stop, data)``: rows ``first:stop`` as their bytes end to end."""
+        for lo, hi, template, fill in self._run_layouts():
+            for first in range(lo, hi, BLOCK_ROWS):
+                stop = min(hi, first + BLOCK_ROWS)
+                block = np.empty((stop - first, len(template)), np.uint8)
+                fill(block, first - lo)
+                yield first, stop, block.ravel()
+
+    def data(self) -> np.ndarray:
+        """Every string's bytes, end to end (each block written in place)."""
+        data = np.empty(int(self.lengths.sum()), np.uint8)
+        at = 0
+        for lo, hi, template, fill in self._run_layouts():
+            run = data[at : at + (hi - lo) * len(template)].reshape(hi - lo, len(template))
+            for first in range(0, hi - lo, BLOCK_ROWS):
+                fill(run[first : first + BLOCK_ROWS], first)
+            at += run.size
+        return data
+
+    def _run_layouts(
+        self,
+    ) -> Iterator[tuple[int, int, np.ndarray, Callable[[np.ndarray, int], None]]]:
+        """Each run's rows ``lo:hi``, its template row and a function that writes the rows
+        from a run's row ``first`` on into a matrix (as many rows as it has)."""
         for lo, hi in zip(self._runs[:-1].tolist(), self._runs[1:].tolist(), strict=True):
             template, columns = self._layout(lo)
             texts: dict[tuple[int, int], np.ndarray] = {}  # each number's digits, once a run
             for (values, _), (_, width) in zip(self._numbers(), columns, strict=True):
                 if (id(values), width) not in texts:
                     texts[id(values), width] = _digits(values[lo:hi], width)
-            for first in range(lo, hi, BLOCK_ROWS):
-                stop = min(hi, first + BLOCK_ROWS)
-                block = np.empty((stop - first, len(template)), np.uint8)
-                block[:] = template
-                for (values, _), (column, width) in zip(self._numbers(), columns, strict=True):
-                    text = texts[id(values), width][first - lo : stop - lo]
-                    block[:, column : column + width] = text
-                yield first, stop, block.ravel()
+            pieces = [
+                (column, width, texts[id(values), width])
+                for (values, _), (column, width) in zip(self._numbers(), columns, strict=True)
+            ]
 
-    def data(self) -> np.ndarray:
-        """Every string's bytes, end to end."""
-        data = np.empty(int(self.lengths.sum()), np.uint8)
-        at = 0
-        for _, _, block in self.blocks():
-            data[at : at + len(block)] = block
-            at += len(block)
-        return data
+            def fill(block: np.ndarray, first: int, template=template, pieces=pieces) -> None:
+                block[:] = template
+                for column, width, text in pieces:
+                    block[:, column : column + width] = text[first : first + len(block)]
+
+            yield lo, hi, template, fill
 
     def rows(self, first: int, stop: int) -> Formatted:
         """Rows ``first:stop`` alone."""
@@ -242,6 +259,15 @@ def video_member(episode_index: int, camera_key: str) -> str:
 def checksum(data: bytes | memoryview) -> str:
     """``algo:hexdigest`` of a byte span, as stored in the manifest."""
     return checksum_of(new_digest(data))
+
+
+def file_checksum(path: str, block: int = 1 << 20) -> str:
+    """:func:`checksum` of a local file's bytes, read a block at a time."""
+    digest = new_digest()
+    with open(path, "rb") as f:
+        while chunk := f.read(block):
+            digest.update(chunk)
+    return checksum_of(digest)
 
 
 def new_digest(data: bytes | memoryview = b"") -> hashlib._Hash:
@@ -505,14 +531,15 @@ class ManifestColumns:
         """Every row held, sorted by episode, as the manifest's table (``MANIFEST_SCHEMA``)."""
         return pa.Table.from_batches(list(self.batches()), schema=MANIFEST_SCHEMA)
 
-    def parquet(self) -> bytes:
-        """The manifest file of every row held, as the converter writes it: written a batch
-        (a row group) at a time, never a table of a million rows at once."""
-        sink = pa.BufferOutputStream()
-        with pq.ParquetWriter(sink, MANIFEST_SCHEMA, **MANIFEST_WRITE) as f:
+    def write(self, path: str) -> str:
+        """Write the manifest file of every row held to the local file ``path``, as the
+        converter writes it, and return its checksum: written a batch (a row group) at a time,
+        never a table of a million rows at once, and straight to the file (growing a buffer in
+        memory for a million rows' 141 MB cost twice the CPU, most of it the kernel's)."""
+        with system_allocator(), pq.ParquetWriter(path, MANIFEST_SCHEMA, **MANIFEST_WRITE) as f:
             for batch in self.batches():
                 f.write_batch(batch)
-        return sink.getvalue().to_pybytes()
+        return file_checksum(path)
 
     def batches(self, size: int = MANIFEST_ROW_GROUP) -> Iterator[pa.RecordBatch]:
         """Every row held, sorted by episode (the last of an episode's winning), as manifest
@@ -534,9 +561,8 @@ class ManifestColumns:
         }
         texts = pa.array(list(self._tasks), pa.string())
         for first in range(0, total, size):
-            rows = np.arange(first, min(total, first + size))
-            if order is not None:
-                rows = order[rows]
+            stop = min(total, first + size)
+            rows: np.ndarray | slice = slice(first, stop) if order is None else order[first:stop]
             columns: dict[str, Any] = {}
             for name in MANIFEST_SCHEMA.names:
                 if name not in ("tasks", "members"):
@@ -604,11 +630,16 @@ def _list_offsets(counts: np.ndarray) -> pa.Array:
 
 
 def _list_rows(
-    counts: _Pieces, ends: np.ndarray, rows: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
+    counts: _Pieces, ends: np.ndarray, rows: np.ndarray | slice
+) -> tuple[np.ndarray, np.ndarray | slice]:
     """Rows ``rows`` of list values held end to end (row ``i`` has ``counts[i]`` of them,
-    ending at ``ends[i]``): their counts and where their values are."""
+    ending at ``ends[i]``): their counts and where their values are (a slice for a slice)."""
     taken = counts.take(rows).astype(np.int64)
+    if isinstance(rows, slice):
+        return taken, slice(
+            int(ends[rows.start] - taken[0]) if len(taken) else 0,
+            int(ends[rows.stop - 1]) if len(taken) else 0,
+        )
     begins = ends[rows] - taken
     at = np.repeat(begins - (np.cumsum(taken) - taken), taken) + np.arange(int(taken.sum()))
     return taken, at
@@ -622,10 +653,16 @@ class _Pieces:
         self.pieces = pieces
         self.starts = np.concatenate([[0], np.cumsum([len(p) for p in pieces])]).astype(np.int64)
 
-    def take(self, at: np.ndarray) -> Any:
+    def take(self, at: np.ndarray | slice) -> Any:
+        """The values at positions ``at``: a slice (a run), or an array of any order."""
         arrow = bool(self.pieces) and isinstance(self.pieces[0], pa.Array)
-        if len(at) and at[-1] - at[0] + 1 == len(at) and (np.diff(at) == 1).all():  # a run
-            lo, hi = int(at[0]), int(at[-1]) + 1
+        run = isinstance(at, np.ndarray) and len(at) and at[-1] - at[0] + 1 == len(at)
+        if run and (np.diff(at) == 1).all():
+            at = slice(int(at[0]), int(at[-1]) + 1)
+        if isinstance(at, slice):
+            lo, hi = at.start, at.stop
+            if hi <= lo or not self.pieces:
+                return self.pieces[0][:0] if self.pieces else np.zeros(0, np.int64)
             first = int(np.searchsorted(self.starts, lo, side="right")) - 1
             last = int(np.searchsorted(self.starts, hi, side="left"))
             parts = [
@@ -657,11 +694,30 @@ MANIFEST_DICTIONARY = ["tasks.list.element", "length", "offset"]
 """The manifest columns written dictionary encoded: those that repeat. Every other value is an
 episode's own (its index, shard, members, checksum): parquet's dictionary would be tried and
 dropped, a sixth of the write at a million episodes."""
-MANIFEST_COMPRESSION = "lz4"
-"""The manifest's codec: pyarrow's ``lz4``, which every reader of this format (pyarrow 14 on)
-decodes. A million episodes' manifest (132 MB either way) decodes in half the CPU time of
-snappy's, parquet's default: opening a dataset is mostly this decoding. A manifest written
-with any other codec reads the same (the codec is the file's own, not the format's)."""
+
+
+def _leaf_columns(name: str, kind: pa.DataType) -> Iterator[str]:
+    """Parquet's paths of the leaf columns of a field ``name`` of type ``kind``."""
+    if pa.types.is_list(kind):
+        yield from _leaf_columns(f"{name}.list.element", kind.value_type)
+    elif pa.types.is_struct(kind):
+        for child in kind:
+            yield from _leaf_columns(f"{name}.{child.name}", child.type)
+    else:
+        yield name
+
+
+MANIFEST_COMPRESSION = {
+    leaf: "none" if leaf == "checksum" else "lz4"
+    for field in MANIFEST_SCHEMA
+    for leaf in _leaf_columns(field.name, field.type)
+}
+"""The manifest's codec by column: pyarrow's ``lz4``, which every reader of this format
+(pyarrow 14 on) decodes; the checksums, random hex that LZ4 shrinks by a twelfth, stored as
+they are (a sixth of the write at a million episodes). A million episodes' manifest decodes in
+half the CPU time of snappy's, parquet's default: opening a dataset is mostly this decoding. A
+manifest written with any other codec reads the same (the codec is the file's own, not the
+format's)."""
 MANIFEST_WRITE: dict[str, Any] = {
     "use_dictionary": MANIFEST_DICTIONARY,
     "compression": MANIFEST_COMPRESSION,

@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import posixpath
+import tempfile
 import time
 import uuid
 import warnings
@@ -65,6 +66,7 @@ from lerobot_shards.format import (
     FormatError,
     ManifestColumns,
     checksum,
+    file_checksum,
     join,
 )
 from lerobot_shards.poisons import (
@@ -561,8 +563,7 @@ def _write_dataset_files(
         _put(fs, join(root, TASKS_FILE), _read(src, TASKS_FILE))
     else:
         _put(fs, join(root, TASKS_FILE), tasks_parquet(src.tasks))
-    manifest = rows.parquet()
-    _put(fs, join(root, MANIFEST_FILE), manifest)
+    manifest_checksum = _put_manifest(fs, join(root, MANIFEST_FILE), rows)
     _put(fs, join(root, POISONS_FILE), poisons)
     index = DatasetIndex(
         codebase_version=src.codebase_version,
@@ -574,7 +575,7 @@ def _write_dataset_files(
         writer_version=__version__,
         camera_keys=list(src.camera_keys),
         video_keys=list(src.video_keys),
-        manifest_checksum=checksum(manifest),
+        manifest_checksum=manifest_checksum,
     )
     try:  # the reader's checks of what it will read, before index.json says it may
         with warnings.catch_warnings():
@@ -610,6 +611,34 @@ def tasks_parquet(tasks: list[str]) -> bytes:
 def _read(src: Source, relative: str) -> bytes:
     with src.open(relative, "rb") as f:
         return f.read()
+
+
+def _put_manifest(fs: fsspec.AbstractFileSystem, path: str, rows: ManifestColumns) -> str:
+    """Make ``path`` hold the manifest of ``rows`` as :func:`_put` does, and return its
+    checksum: written to a local file first (beside ``path`` on a local disk, then renamed over
+    it; uploaded elsewhere), never held whole in memory (a million rows' manifest is 141 MB)."""
+    local = isinstance(fs, LocalFileSystem)
+    with tempfile.TemporaryDirectory(prefix="lerobot-shards-manifest-") as scratch:
+        folder, name = os.path.split(path) if local else (scratch, posixpath.basename(path))
+        tmp = os.path.join(folder, f".{name}.{uuid.uuid4().hex}{TMP_SUFFIX}")
+        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        try:
+            digest = rows.write(tmp)
+            try:
+                if fs.size(path) == os.path.getsize(tmp):
+                    same = file_checksum(path) if local else checksum(fs.cat_file(path))
+                    if same == digest:
+                        return digest
+            except FileNotFoundError:
+                pass
+            if local:
+                os.replace(tmp, path)
+            else:
+                fs.put_file(tmp, path)
+            return digest
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
 
 
 def _put(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:

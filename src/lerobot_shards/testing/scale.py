@@ -39,7 +39,6 @@ from lerobot_shards.format import (
     ManifestColumns,
     ManifestRow,
     Member,
-    checksum,
     episode_key,
     manifest_rows,
     shard_path,
@@ -120,14 +119,13 @@ def write_scaled(template: Template, dest: Path, rows: ManifestColumns) -> None:
     if "splits" in info:
         info["splits"] = {"train": f"0:{len(rows)}"}
     (dest / INFO_FILE).write_text(json.dumps(info, indent=4))
-    manifest = rows.parquet()
-    (dest / MANIFEST_FILE).write_bytes(manifest)
+    manifest_checksum = rows.write(str(dest / MANIFEST_FILE))
     index = replace(
         template.index,
         total_episodes=len(rows),
         total_frames=rows.total_frames,
         total_bytes=rows.total_bytes,
-        manifest_checksum=checksum(manifest),
+        manifest_checksum=manifest_checksum,
     )
     (dest / INDEX_FILE).write_bytes(index.to_json())
 

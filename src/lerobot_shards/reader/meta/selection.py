@@ -30,7 +30,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lerobot_shards.arrow import arrow_array, as_numpy
+from lerobot_shards.arrow import arrow_array, as_numpy, system_allocator
 from lerobot_shards.format import (
     MANIFEST_SCHEMA,
     MEMBER_TYPE,
@@ -236,10 +236,11 @@ def read_selection(
     """The rows of ``episodes`` (all with None) of the manifest file ``data`` (read from
     ``where``), checked as they are read, and the numbers of every row; an episode the manifest
     lacks raises ``ValueError`` naming it and ``root``."""
-    try:
-        return _read_selection(data, where, path, episodes, root, video_keys)
-    finally:  # the batches' memory, which Arrow's allocator keeps for later: 190 MB at 1M
-        pa.default_memory_pool().release_unused()
+    with system_allocator():  # (``lerobot_shards.arrow`` says why)
+        try:
+            return _read_selection(data, where, path, episodes, root, video_keys)
+        finally:  # the batches' memory, which an allocator may keep for later: 190 MB at 1M
+            pa.default_memory_pool().release_unused()
 
 
 def _read_selection(
