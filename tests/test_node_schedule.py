@@ -140,3 +140,49 @@ def test_the_rest_of_an_epoch_after_an_elastic_resume_is_scheduled_not_the_epoch
     assert epoch == 3
     read = node.schedule(3).first_reads(node.time(3, 0), node.time(4, 0))
     assert set(read.tolist()) == set(node.key(resumed.catalog.episodes[sorted(left)]).tolist())
+
+
+# ------------------------------------------------------------------ cache keys as numbers
+
+DIGEST_TAILS = st.sampled_from([bytes(24), bytes([1]) * 24, bytes(range(24))])
+DIGEST_HEADS = st.sampled_from([bytes(8), bytes([7]) * 8, bytes(range(8, 16))])
+
+
+@settings(max_examples=200, deadline=None)
+@given(digests=st.lists(st.tuples(DIGEST_HEADS, DIGEST_TAILS), min_size=0, max_size=30))
+def test_key_numbers_are_a_dict_of_the_checksums_texts(digests):
+    """Equal checksums one number, numbered in the order they first come, as a dict of their
+    texts numbers them; a checksum's text finds its number, another text none: digests that
+    share their first eight bytes and differ after (the sort's slow path) included."""
+    from lerobot_shards.reader.loading.node_cache import KeyNumbers
+
+    raw = [head + tail for head, tail in digests]
+    texts = [f"sha256:{d.hex()}" for d in raw]
+    numbers: dict[str, int] = {}
+    expected = [numbers.setdefault(t, len(numbers)) for t in texts]
+    matrix = np.frombuffer(b"".join(raw), np.uint8).reshape(-1, 32)
+    keys = KeyNumbers(matrix)
+    assert keys.episodes.tolist() == expected
+    assert keys.count == len(numbers)
+    for text, number in numbers.items():
+        assert keys.number(text) == number
+    absent = "sha256:" + (bytes([7]) * 8 + bytes([9]) * 24).hex()
+    for other in (absent, "md5:" + "0" * 64, "sha256:zz" + "0" * 62, "sha256:00"):
+        assert keys.number(other) is None
+
+
+def test_the_schedule_numbers_keys_without_a_checksum_text_per_episode(
+    shards, tmp_path, monkeypatch
+):
+    """The node cache numbers a million episodes' keys from their digests: a worker that made
+    a text per checksum (5 s each at a million episodes) fails here."""
+    from lerobot_shards.reader.meta.selection import Selection
+
+    ds = ShardedLeRobotDataset(str(shards), cache=True, cache_dir=str(tmp_path / "cache"))
+
+    def refused(self):
+        raise AssertionError("a checksum text per episode")
+
+    monkeypatch.setattr(Selection, "checksums", property(refused))
+    seen = [int(item["index"]) for item in ds]
+    assert sorted(seen) == list(range(sum(LENGTHS)))

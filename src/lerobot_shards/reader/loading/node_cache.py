@@ -25,6 +25,7 @@ import fsspec
 import numpy as np
 from tqdm.auto import tqdm
 
+from lerobot_shards.format import CHECKSUM_ALGO
 from lerobot_shards.reader.fetch.cached import CachedReads
 from lerobot_shards.reader.fetch.ranged import Span
 from lerobot_shards.reader.meta.catalog import Catalog, SpanRead
@@ -88,7 +89,7 @@ class NodeSchedule:
         self._part_reads: dict[tuple, _PartReads] = {}
         self._by_epoch: dict[int, NodeReads] = {}
         self._per_epoch: int | None = None
-        self._keys: tuple[dict[str, int], np.ndarray] | None = None
+        self._keys: KeyNumbers | None = None
         self._key_of_id: np.ndarray | None = None
         self._started: tuple[float, int] | None = None  # (monotonic clock, draw) of a reading
         self._clock: tuple[float, float] | None = None  # the job's (start, pace): _wall
@@ -151,10 +152,10 @@ class NodeSchedule:
         """``episode``'s span read at draw time ``now`` through the cache; the other cached
         entries' next reads counted from ``since`` (reads not yet made)."""
         schedule = self.schedule(epoch)
-        key_ids, _ = self.keys()
+        keys = self.keys()
 
         def priority(key: str) -> float | None:  # None: another job's key, the store decides
-            other = key_ids.get(key)
+            other = keys.number(key)
             if other is None:
                 return None
             return self._wall(schedule.next_use(other, since - 1), now)
@@ -188,7 +189,7 @@ class NodeSchedule:
             reads = [self._reads_of(part) for part in self._parts(epoch)]
             times = np.concatenate([r.times for r in reads]) if reads else np.zeros(0, np.int64)
             keys = np.concatenate([r.keys for r in reads]) if reads else np.zeros(0, np.int64)
-            self._by_epoch[epoch] = NodeReads.of(times, keys, span_for(len(self.keys()[0])))
+            self._by_epoch[epoch] = NodeReads.of(times, keys, span_for(self.keys().count))
         return self._by_epoch[epoch]
 
     def time(self, epoch: int, draws: int) -> int:
@@ -254,24 +255,18 @@ class NodeSchedule:
         )
         return order, times
 
-    def keys(self) -> tuple[dict[str, int], np.ndarray]:
-        """Each cache key's number (the catalog's checksums, equal ones numbered once), and
-        the key number of each selected episode (in ``catalog.episodes`` order: :meth:`key`)."""
+    def keys(self) -> KeyNumbers:
+        """The cache keys of the selected episodes (in ``catalog.episodes`` order), numbered."""
         if self._keys is None:
-            numbers: dict[str, int] = {}
-            found = [
-                numbers.setdefault(c, len(numbers))
-                for member in self._catalog.members
-                for c in member.selection.checksums
-            ]
-            self._keys = (numbers, np.asarray(found, dtype=np.int64))
+            digests = [member.selection.digests for member in self._catalog.members]
+            self._keys = KeyNumbers(np.concatenate(digests or [np.zeros((0, 32), np.uint8)]))
         return self._keys
 
     def key(self, episodes: np.ndarray | int) -> np.ndarray:
         """The key numbers of global episode ids (a table indexed by id where the ids are
         dense enough, else a search)."""
         if self._key_of_id is None:
-            ids, keys = self._catalog.episodes, self.keys()[1]
+            ids, keys = self._catalog.episodes, self.keys().episodes
             top = int(ids.max()) + 1 if len(ids) else 0
             if top <= 4 * len(ids) + 1024:
                 self._key_of_id = np.full(top, -1, dtype=np.int64)
@@ -280,7 +275,7 @@ class NodeSchedule:
                 self._key_of_id = np.zeros(0, dtype=np.int64)
         if len(self._key_of_id):
             return self._key_of_id[episodes]
-        return self.keys()[1][np.searchsorted(self._catalog.episodes, episodes)]
+        return self.keys().episodes[np.searchsorted(self._catalog.episodes, episodes)]
 
     def _admitted_at(self, part: Part, piece: int) -> int:
         """The draw time of ``part``'s admission of ``piece`` (where the stream starts, for a
@@ -326,6 +321,55 @@ class _PartReads:
     times: np.ndarray
     keys: np.ndarray
     at: np.ndarray
+
+
+class KeyNumbers:
+    """Cache keys (checksums) as numbers: equal checksums one number, numbered in the order
+    they first come. Made from the selections' 32-byte digests, sorted as integers: a dict of
+    a million checksum strings took 5 s in each DataLoader worker.
+
+    Args:
+        digests: each selected episode's checksum digest, an ``(n, 32)`` byte matrix.
+    """
+
+    def __init__(self, digests: np.ndarray) -> None:
+        words = np.ascontiguousarray(digests, dtype=np.uint8).reshape(-1, 32).view("<u8")
+        order = np.argsort(words[:, 0], kind="stable")  # by the first eight bytes
+        ranked = words[order]
+        differ = (ranked[1:] != ranked[:-1]).any(axis=1)
+        if (differ & (ranked[1:, 0] == ranked[:-1, 0])).any():  # equal heads, other digests
+            order = np.lexsort(words.T[::-1])  # by every byte (stable, the first eight first)
+            ranked = words[order]
+            differ = (ranked[1:] != ranked[:-1]).any(axis=1)
+        new = np.concatenate([[True], differ]) if len(order) else np.zeros(0, bool)
+        group = np.cumsum(new) - 1  # of each sorted row
+        firsts = order[new]  # each key's first episode (the sort is stable)
+        number = np.empty(len(firsts), np.int64)
+        number[np.argsort(firsts, kind="stable")] = np.arange(len(firsts))
+        self.count = len(firsts)
+        """How many distinct keys."""
+        self.episodes = np.empty(len(order), np.int64)
+        """Each selected episode's key number."""
+        self.episodes[order] = number[group]
+        self._sorted = ranked[new]  # each key's digest, as sorted
+        self._numbers = number
+
+    def number(self, key: str) -> int | None:
+        """The number of cache key ``key`` (a checksum's text); None if it is none of these."""
+        algo, _, text = key.partition(":")
+        if algo != CHECKSUM_ALGO or len(text) != 64:
+            return None
+        try:
+            words = np.frombuffer(bytes.fromhex(text), "<u8")
+        except ValueError:
+            return None
+        heads = self._sorted[:, 0]
+        lo = int(np.searchsorted(heads, words[0], "left"))
+        hi = int(np.searchsorted(heads, words[0], "right"))
+        for at in range(lo, hi):
+            if (self._sorted[at] == words).all():
+                return int(self._numbers[at])
+        return None
 
 
 def _job_name(

@@ -137,6 +137,13 @@ class Selection:
         return checksum_texts(self._digests[row : row + 1])[0].as_py()
 
     @property
+    def digests(self) -> np.ndarray:
+        """Every row's checksum digest, an ``(n, 32)`` byte matrix (read-only)."""
+        view = self._digests.view()
+        view.flags.writeable = False
+        return view
+
+    @property
     def checksums(self) -> list[str]:
         """Every row's checksum, in row order (made on each call)."""
         return checksum_texts(self._digests).to_pylist()
