@@ -325,34 +325,42 @@ class _PartReads:
 
 class KeyNumbers:
     """Cache keys (checksums) as numbers: equal checksums one number, numbered in the order
-    they first come. Made from the selections' 32-byte digests, sorted as integers: a dict of
-    a million checksum strings took 5 s in each DataLoader worker.
+    they first come. Made from the selections' 32-byte digests sorted as integers (a dict of a
+    million checksum texts took 5 s in each DataLoader worker); where no two digests share
+    their first eight bytes (every checksum its own) each episode's number is its position.
 
     Args:
         digests: each selected episode's checksum digest, an ``(n, 32)`` byte matrix.
     """
 
     def __init__(self, digests: np.ndarray) -> None:
-        words = np.ascontiguousarray(digests, dtype=np.uint8).reshape(-1, 32).view("<u8")
-        order = np.argsort(words[:, 0], kind="stable")  # by the first eight bytes
-        ranked = words[order]
+        self._words = np.ascontiguousarray(digests, dtype=np.uint8).reshape(-1, 32).view("<u8")
+        heads = self._words[:, 0].copy()
+        order = np.argsort(heads)
+        if not (heads[order][1:] == heads[order][:-1]).any():  # every checksum its own
+            self.count = len(order)
+            """How many distinct keys."""
+            self.episodes = np.arange(len(order), dtype=np.int64)
+            """Each selected episode's key number."""
+            self._rows, self._numbers = order, order  # each key's row, sorted; its number
+            self._heads = heads[order]
+            return
+        order = np.argsort(heads, kind="stable")
+        ranked = self._words[order]
         differ = (ranked[1:] != ranked[:-1]).any(axis=1)
         if (differ & (ranked[1:, 0] == ranked[:-1, 0])).any():  # equal heads, other digests
-            order = np.lexsort(words.T[::-1])  # by every byte (stable, the first eight first)
-            ranked = words[order]
+            order = np.lexsort(self._words.T[::-1])  # every byte (stable, the first eight first)
+            ranked = self._words[order]
             differ = (ranked[1:] != ranked[:-1]).any(axis=1)
-        new = np.concatenate([[True], differ]) if len(order) else np.zeros(0, bool)
-        group = np.cumsum(new) - 1  # of each sorted row
-        firsts = order[new]  # each key's first episode (the sort is stable)
+        new = np.concatenate([[True], differ])
+        firsts = order[new]  # each key's first episode (the sorts are stable)
         number = np.empty(len(firsts), np.int64)
         number[np.argsort(firsts, kind="stable")] = np.arange(len(firsts))
         self.count = len(firsts)
-        """How many distinct keys."""
         self.episodes = np.empty(len(order), np.int64)
-        """Each selected episode's key number."""
-        self.episodes[order] = number[group]
-        self._sorted = ranked[new]  # each key's digest, as sorted
-        self._numbers = number
+        self.episodes[order] = number[np.cumsum(new) - 1]
+        self._rows, self._numbers = firsts, number
+        self._heads = ranked[new, 0]
 
     def number(self, key: str) -> int | None:
         """The number of cache key ``key`` (a checksum's text); None if it is none of these."""
@@ -363,11 +371,10 @@ class KeyNumbers:
             words = np.frombuffer(bytes.fromhex(text), "<u8")
         except ValueError:
             return None
-        heads = self._sorted[:, 0]
-        lo = int(np.searchsorted(heads, words[0], "left"))
-        hi = int(np.searchsorted(heads, words[0], "right"))
+        lo = int(np.searchsorted(self._heads, words[0], "left"))
+        hi = int(np.searchsorted(self._heads, words[0], "right"))
         for at in range(lo, hi):
-            if (self._sorted[at] == words).all():
+            if (self._words[self._rows[at]] == words).all():
                 return int(self._numbers[at])
         return None
 
