@@ -556,7 +556,7 @@ class ManifestColumns:
             order = order[last]
         total = len(episodes) if order is None else len(order)
         ends = {  # where each row's list values end, end to end
-            kind: np.cumsum(held[counts].take(np.arange(len(episodes)))) if chunks else None
+            kind: np.cumsum(held[counts].take(slice(0, len(episodes)))) if chunks else None
             for kind, counts in (("tasks", "task_counts"), ("members", "member_counts"))
         }
         texts = pa.array(list(self._tasks), pa.string())
