@@ -33,6 +33,7 @@ from lerobot_shards.format import (
     INDEX_FILE,
     MANIFEST_FILE,
     MANIFEST_SCHEMA,
+    FormatError,
     ManifestColumns,
     ManifestRow,
     Member,
@@ -497,3 +498,43 @@ def test_a_million_episodes_split_in_a_fraction_of_their_arrays():
     lengths = np.full(1_000_000, 150)
     peak = peak_bytes(lambda: split_parts(np.arange(1_000_000), lengths, 2, seed=0, epoch=0))
     assert peak < 64_000_000, peak
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    count=st.integers(1, 12),
+    liar=st.integers(0, 11),
+    member=st.integers(0, 4),
+    lie=st.sampled_from(["before", "past the end", "negative size"]),
+    irregular=st.booleans(),
+    chunk=st.integers(1, 5),
+)
+def test_a_member_outside_its_span_is_refused_naming_its_episode(
+    count, liar, member, lie, irregular, chunk
+):
+    """Each member lies inside its episode's span, checked row by row in a manifest read in
+    several chunks (as many members each, or not): the first row that lies is named."""
+    rows = [plain_row(10 + e, 3 * e) for e in range(count)]
+    for row in rows:
+        row.offset = 4096 * (row.episode_index - 10)  # each span its own
+        row.members = [Member(m.name, m.offset + row.offset, m.size) for m in row.members]
+    if irregular:
+        rows[0] = odd(rows[0], "missing")
+    liar %= count
+    row = rows[liar]
+    member %= len(row.members)
+    m = row.members[member]
+    changed = {
+        "before": Member(m.name, row.offset - 1, m.size),
+        "past the end": Member(m.name, m.offset, row.offset + row.size - m.offset + 1),
+        "negative size": Member(m.name, m.offset, -1),
+    }[lie]
+    row.members = [changed if i == member else x for i, x in enumerate(row.members)]
+    table = manifest_table(rows)
+    pieces = [table.slice(i, chunk) for i in range(0, count, chunk)]
+    chunked = pa.Table.from_batches([b for p in pieces for b in p.to_batches()])
+    assert chunked.column("members").num_chunks == len(pieces)
+    with pytest.raises(FormatError, match=rf"episode {row.episode_index} \(row {liar},"):
+        check_manifest(chunked, "manifest")
+    rows[liar].members = [m if i == member else x for i, x in enumerate(row.members)]
+    check_manifest(manifest_table(rows), "manifest")  # the same rows without the lie pass

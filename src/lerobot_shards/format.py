@@ -130,7 +130,11 @@ class Formatted:
 
     def rows(self, first: int, stop: int) -> Formatted:
         """Rows ``first:stop`` alone."""
-        parts = [p if isinstance(p, bytes) else (p[0][first:stop], p[1]) for p in self.parts]
+        cut: dict[int, np.ndarray] = {}  # each array once: a number's digits are made once
+        parts = [
+            p if isinstance(p, bytes) else (cut.setdefault(id(p[0]), p[0][first:stop]), p[1])
+            for p in self.parts
+        ]
         return Formatted(parts, stop - first)
 
     def _numbers(self) -> list[tuple[np.ndarray, int]]:

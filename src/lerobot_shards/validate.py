@@ -685,11 +685,19 @@ def checked_manifest(
         if name.null_count or m_offsets.null_count or m_sizes.null_count:
             raise FormatError(f"{where}: manifest column 'members' has empty values")
         counts = np.diff(as_numpy(chunk.offsets))
-        owner = np.repeat(np.arange(row, row + len(chunk)), counts)
         m_offsets, m_sizes = as_numpy(m_offsets), as_numpy(m_sizes)
-        outside = (m_offsets < offsets[owner]) | (m_sizes < 0)
-        outside |= m_offsets + m_sizes > offsets[owner] + sizes[owner]
-        bad_rows[owner[outside]] = True
+        rows = slice(row, row + len(chunk))
+        width = int(counts[0]) if len(counts) else 0
+        if width and (counts == width).all():  # as many members each: a matrix, no gather
+            m_offsets, m_sizes = m_offsets.reshape(-1, width), m_sizes.reshape(-1, width)
+            begins, ends = offsets[rows, None], (offsets[rows] + sizes[rows])[:, None]
+            outside = (m_offsets < begins) | (m_sizes < 0) | (m_offsets + m_sizes > ends)
+            bad_rows[rows] |= outside.any(axis=1)
+        else:
+            owner = np.repeat(np.arange(row, row + len(chunk)), counts)
+            outside = (m_offsets < offsets[owner]) | (m_sizes < 0)
+            outside |= m_offsets + m_sizes > offsets[owner] + sizes[owner]
+            bad_rows[owner[outside]] = True
         row += len(chunk)
     refuse(bad_rows, "a member lies outside the episode's span")
     return CheckedRows(table, other, digests)
