@@ -43,8 +43,14 @@ RANKS, WORKERS = 8, 4
 
 @dataclass
 class Selection:
-    checksums: list[str]
+    digests: np.ndarray
+    """Each episode's checksum digest, random as sha256's (``(n, 32)`` bytes)."""
     fingerprint: str
+
+    @property
+    def checksums(self) -> list[str]:
+        """The digests' texts (what a baseline's schedule numbers its keys from)."""
+        return [f"sha256:{row.tobytes().hex()}" for row in self.digests]
 
 
 @dataclass
@@ -59,8 +65,8 @@ class Catalog:
     def __init__(self, episodes: int) -> None:
         self.episodes = np.arange(episodes, dtype=np.int64)
         self.episodes_of = [self.episodes]
-        checksums = [f"sha256:{i:064x}" for i in range(episodes)]
-        self.members = [Member("s3://bench/ds", Selection(checksums, f"bench-{episodes}"))]
+        digests = np.random.default_rng(episodes).integers(0, 256, (episodes, 32), np.uint8)
+        self.members = [Member("s3://bench/ds", Selection(digests, f"bench-{episodes}"))]
 
     def cost(self, episode: int, start: int, stop: int) -> int:
         return (stop - start) * 40_000
