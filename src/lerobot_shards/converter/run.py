@@ -16,6 +16,7 @@ finished one, and an interrupted rerun leaves a finished dataset readable.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -618,27 +619,33 @@ def _put_manifest(fs: fsspec.AbstractFileSystem, path: str, rows: ManifestColumn
     checksum: written to a local file first (beside ``path`` on a local disk, then renamed over
     it; uploaded elsewhere), never held whole in memory (a million rows' manifest is 141 MB)."""
     local = isinstance(fs, LocalFileSystem)
-    with tempfile.TemporaryDirectory(prefix="lerobot-shards-manifest-") as scratch:
-        folder, name = os.path.split(path) if local else (scratch, posixpath.basename(path))
-        tmp = os.path.join(folder, f".{name}.{uuid.uuid4().hex}{TMP_SUFFIX}")
+    with contextlib.ExitStack() as stack:
+        folder = (
+            os.path.dirname(path)
+            if local
+            else stack.enter_context(tempfile.TemporaryDirectory(prefix="lerobot-shards-"))
+        )
+        tmp = os.path.join(folder, f".{posixpath.basename(path)}.{uuid.uuid4().hex}{TMP_SUFFIX}")
+        stack.callback(_discard, tmp)  # (renamed away on success)
         os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        digest = rows.write(tmp)
         try:
-            digest = rows.write(tmp)
-            try:
-                if fs.size(path) == os.path.getsize(tmp):
-                    same = file_checksum(path) if local else checksum(fs.cat_file(path))
-                    if same == digest:
-                        return digest
-            except FileNotFoundError:
-                pass
-            if local:
-                os.replace(tmp, path)
-            else:
-                fs.put_file(tmp, path)
-            return digest
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+            if fs.size(path) == os.path.getsize(tmp):
+                same = file_checksum(path) if local else checksum(fs.cat_file(path))
+                if same == digest:
+                    return digest
+        except FileNotFoundError:
+            pass
+        if local:
+            os.replace(tmp, path)
+        else:
+            fs.put_file(tmp, path)
+        return digest
+
+
+def _discard(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
 
 
 def _put(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
