@@ -65,6 +65,17 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 @pytest.fixture(autouse=True)
+def scheduling_as_it_was() -> Iterator[None]:
+    """The test process's CPU scheduling put back after each test: an AV1 encoder a test opens
+    itself (PyAV's, LeRobot's recorder) makes it real-time, and every process started after
+    would inherit that (``lerobot_shards.testing.video.scheduling_kept`` says why it matters)."""
+    from lerobot_shards.testing.video import scheduling_kept
+
+    with scheduling_kept():
+        yield
+
+
+@pytest.fixture(autouse=True)
 def episode_cache_dir(
     tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
 ) -> Path:

@@ -351,3 +351,17 @@ def test_video_variants_share_encodings_between_equal_length_episodes(tmp_path):
     assert stats[2] == stats[0] and stats[1] != stats[0]  # statistics of the frames shown
     with pytest.raises(ValueError, match="video_variants"):
         make_dataset(tmp_path / "w", version="v2.1", video_variants=2)
+
+
+def test_encoding_an_episode_leaves_the_threads_scheduling_as_it_was(tmp_path):
+    """SVT-AV1 makes the thread that opens an encoder real-time (SCHED_FIFO 99) where it may, as
+    root; every process started after would inherit it. The factory's recorder puts it back (on
+    a machine where the encoder may not change it, this holds either way)."""
+    import os
+
+    from lerobot_shards.testing.video import encode_episode
+
+    before = os.sched_getscheduler(0), os.sched_getparam(0)
+    frames = [np.full((64, 64, 3), 16 * i, np.uint8) for i in range(4)]
+    encode_episode(frames, tmp_path / "episode.mp4", fps=10)
+    assert (os.sched_getscheduler(0), os.sched_getparam(0)) == before

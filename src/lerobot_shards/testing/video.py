@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +32,26 @@ narrower than this."""
 
 # SVT-AV1 prints a banner per encoder to stderr unless told otherwise (1 = errors only).
 os.environ.setdefault("SVT_LOG", "1")
+
+
+@contextmanager
+def scheduling_kept() -> Iterator[None]:
+    """The calling thread's CPU scheduling put back as it was when the block ends.
+
+    SVT-AV1 (4.1, in PyAV's wheels) switches the thread that opens an encoder to real-time
+    scheduling (``SCHED_FIFO``, priority 99) wherever it may, as root does. Every process
+    started from that thread afterwards inherits it (DataLoader workers, ``torchrun``, a
+    forkserver): on a 2-core machine two such processes busy in the kernel starved its own
+    threads, and a DDP epoch hung reaping its DataLoader workers."""
+    if not hasattr(os, "sched_getscheduler"):  # not Linux
+        yield
+        return
+    policy, param = os.sched_getscheduler(0), os.sched_getparam(0)
+    try:
+        yield
+    finally:
+        if (os.sched_getscheduler(0), os.sched_getparam(0)) != (policy, param):
+            os.sched_setscheduler(0, policy, param)
 
 
 @dataclass(frozen=True)
@@ -66,6 +87,8 @@ class Recorder:
 
     def __init__(self, path: Path, fps: int, encoder: Encoder = LEROBOT) -> None:
         self.path, self.encoder = path, encoder
+        self._kept = ExitStack()
+        self._kept.enter_context(scheduling_kept())  # (the encoder may change it)
         self.out = av.open(str(path), "w")
         self.stream = self.out.add_stream(encoder.codec, rate=fps, options=encoder.options())
         self.stream.pix_fmt = PIX_FMT
@@ -95,7 +118,10 @@ class Recorder:
                     raise ValueError(f"no frames to encode into {self.path}")
                 self.out.mux(self.stream.encode(None))
         finally:
-            self.out.close()
+            try:
+                self.out.close()
+            finally:
+                self._kept.close()
 
 
 def encode_episode(
