@@ -59,20 +59,16 @@ def pytest_configure(config: pytest.Config) -> None:
     it while one of them starts or exits can deadlock the child inside CPython's after-fork
     code (seen here: a worker stuck in ``PyOS_AfterFork_Child``). A forkserver has no such
     threads. Tests that need plain fork (the Linux default) ask for it explicitly.
+
+    And the session may not take real-time scheduling: an AV1 encoder a test opens (PyAV's,
+    LeRobot's recorder) would make this process real-time as root, and every process it starts
+    after (``lerobot_shards.testing.video.scheduling_kept`` says why that hangs tests).
     """
+    from lerobot_shards.testing.video import forbid_realtime_scheduling
+
     multiprocessing.set_start_method("forkserver", force=True)
+    forbid_realtime_scheduling()
     multiprocessing.set_forkserver_preload(["torch", "av", "lerobot_shards.reader.loading.dataset"])
-
-
-@pytest.fixture(autouse=True)
-def scheduling_as_it_was() -> Iterator[None]:
-    """The test process's CPU scheduling put back after each test: an AV1 encoder a test opens
-    itself (PyAV's, LeRobot's recorder) makes it real-time, and every process started after
-    would inherit that (``lerobot_shards.testing.video.scheduling_kept`` says why it matters)."""
-    from lerobot_shards.testing.video import scheduling_kept
-
-    with scheduling_kept():
-        yield
 
 
 @pytest.fixture(autouse=True)

@@ -353,15 +353,36 @@ def test_video_variants_share_encodings_between_equal_length_episodes(tmp_path):
         make_dataset(tmp_path / "w", version="v2.1", video_variants=2)
 
 
-def test_encoding_an_episode_leaves_the_threads_scheduling_as_it_was(tmp_path):
+def test_an_av1_encoder_leaves_the_test_process_scheduling_alone(tmp_path):
     """SVT-AV1 makes the thread that opens an encoder real-time (SCHED_FIFO 99) where it may, as
-    root; every process started after would inherit it. The factory's recorder puts it back (on
-    a machine where the encoder may not change it, this holds either way)."""
+    root, and every process the test starts after would inherit it: the session takes that
+    capability away (conftest). The encoder is PyAV's own, as a LeRobot recorder opens it."""
     import os
 
-    from lerobot_shards.testing.video import encode_episode
+    import av
 
     before = os.sched_getscheduler(0), os.sched_getparam(0)
-    frames = [np.full((64, 64, 3), 16 * i, np.uint8) for i in range(4)]
-    encode_episode(frames, tmp_path / "episode.mp4", fps=10)
+    with av.open(str(tmp_path / "episode.mp4"), "w") as out:
+        stream = out.add_stream("libsvtav1", rate=10, options={"preset": "12"})
+        stream.width = stream.height = 64
+        stream.pix_fmt = "yuv420p"
+        for i in range(4):
+            frame = av.VideoFrame.from_ndarray(np.full((64, 64, 3), 16 * i, np.uint8), "rgb24")
+            out.mux(stream.encode(frame))
+        out.mux(stream.encode())
+    assert (os.sched_getscheduler(0), os.sched_getparam(0)) == before
+    assert (tmp_path / "episode.mp4").stat().st_size > 0
+
+
+def test_scheduling_kept_puts_the_threads_policy_back():
+    """What the factory's recorder does for a process that keeps the capability (a script run
+    as root): whatever the block sets, the thread's policy is as before after it."""
+    import os
+
+    from lerobot_shards.testing.video import scheduling_kept
+
+    before = os.sched_getscheduler(0), os.sched_getparam(0)
+    with scheduling_kept():
+        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+        assert os.sched_getscheduler(0) == os.SCHED_BATCH
     assert (os.sched_getscheduler(0), os.sched_getparam(0)) == before

@@ -12,6 +12,7 @@ itself but datasets made by other recorders hold: episodes that start mid-GOP.
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
@@ -52,6 +53,44 @@ def scheduling_kept() -> Iterator[None]:
     finally:
         if (os.sched_getscheduler(0), os.sched_getparam(0)) != (policy, param):
             os.sched_setscheduler(0, policy, param)
+
+
+_CAP_SYS_NICE = 23
+_PR_CAPBSET_DROP = 24
+_CAPABILITY_VERSION_3 = 0x20080522
+
+
+def forbid_realtime_scheduling() -> bool:
+    """Take from this thread, and every thread and process it starts, the capability to make
+    itself real-time (``CAP_SYS_NICE``); True where it was taken (Linux).
+
+    For a process that encodes AV1 as root and then starts others, as a test session does: with
+    it gone, SVT-AV1's switch to real-time scheduling (:func:`scheduling_kept`) fails quietly
+    and the encoder runs as before. Irreversible, so never done by the library itself."""
+    import ctypes
+
+    if not sys.platform.startswith("linux"):
+        return False
+
+    class Header(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+    class Data(ctypes.Structure):
+        _fields_ = [(name, ctypes.c_uint32) for name in ("effective", "permitted", "inheritable")]
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    header, data = Header(_CAPABILITY_VERSION_3, 0), (Data * 2)()
+    if libc.capget(ctypes.byref(header), data) != 0:
+        return False
+    bit = 1 << _CAP_SYS_NICE
+    if not data[0].permitted & bit:
+        return True  # not root, or already taken
+    # the bounding set first (that needs CAP_SETPCAP, still held): processes this one execs
+    # would otherwise get the capability back, as root's do
+    libc.prctl(_PR_CAPBSET_DROP, _CAP_SYS_NICE, 0, 0, 0)
+    for field in ("effective", "permitted", "inheritable"):
+        setattr(data[0], field, getattr(data[0], field) & ~bit)
+    return libc.capset(ctypes.byref(header), data) == 0
 
 
 @dataclass(frozen=True)
