@@ -170,15 +170,10 @@ def python_of(kind: str) -> Path:
     return python
 
 
-PSS_INTERVAL_S = 0.5
-"""Seconds between samples of the tree's PSS. A sample reads every process's ``smaps_rollup``,
-which walks its page tables holding its memory map's lock: 26-38 ms of kernel time for a
-loader's tree of about 1 GB. Every 0.05 s the sampler took a third of a core from the loaders
-it measured; an epoch's PSS is a plateau that twice a second finds."""
-
-
 def run_measured(command: list[str], env: dict | None = None) -> tuple[str, float, int]:
     """Run ``command``; returns its stdout, wall seconds and the peak PSS of its tree."""
+    from _bench_common import PSS_INTERVAL_S
+
     from lerobot_shards.memory import PeakMemory
 
     started = time.perf_counter()
