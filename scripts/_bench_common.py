@@ -21,6 +21,11 @@ CAMERAS_2X480X640 = {
     "observation.images.cam_wrist": (480, 640),
 }
 DONE = ".complete"
+PSS_INTERVAL_S = 0.5
+"""Seconds between samples of the tree's PSS. A sample reads every process's ``smaps_rollup``,
+which walks its page tables holding its memory map's lock: 26-38 ms of kernel time for a
+loader's tree of about 1 GB. Every 0.05 s the sampler took a third of a core from the loaders
+it measured; an epoch's PSS is a plateau that twice a second finds."""
 
 
 def cpu_model() -> str:

@@ -55,7 +55,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from _bench_common import cached_conversion, cached_dataset, machine_line
+from _bench_common import PSS_INTERVAL_S, cached_conversion, cached_dataset, machine_line
 
 ARM_JOINTS = ["shoulder_pan", "shoulder_lift", "elbow_flex", "wrist_flex", "wrist_roll", "gripper"]
 BIMANUAL_JOINTS = [
@@ -220,7 +220,7 @@ def run(kind: str, roots: dict[str, Path], epochs: int) -> dict:
     process = subprocess.Popen(
         [sys.executable, __file__, "--child", json.dumps(job)], stdout=subprocess.PIPE, text=True
     )
-    with PeakMemory(process.pid, interval_s=0.1) as memory:
+    with PeakMemory(process.pid, interval_s=PSS_INTERVAL_S) as memory:
         out, _ = process.communicate()
     if process.returncode != 0:
         raise SystemExit(f"{kind} failed with exit code {process.returncode}")

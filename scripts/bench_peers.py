@@ -172,11 +172,13 @@ def python_of(kind: str) -> Path:
 
 def run_measured(command: list[str], env: dict | None = None) -> tuple[str, float, int]:
     """Run ``command``; returns its stdout, wall seconds and the peak PSS of its tree."""
+    from _bench_common import PSS_INTERVAL_S
+
     from lerobot_shards.memory import PeakMemory
 
     started = time.perf_counter()
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
-    with PeakMemory(proc.pid) as peak:
+    with PeakMemory(proc.pid, interval_s=PSS_INTERVAL_S) as peak:
         out, _ = proc.communicate()
     if proc.returncode:
         raise SystemExit(f"{' '.join(command)} failed with exit code {proc.returncode}")
