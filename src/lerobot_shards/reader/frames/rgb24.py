@@ -40,9 +40,11 @@ _libraries: tuple[Any, Any] | bool | None = False  # (swscale, avutil), None if 
 
 
 def to_rgb24(frame: Any) -> torch.Tensor:
-    """A decoded PyAV video frame as a new uint8 ``(H, W, 3)`` tensor, PyAV's pixels."""
+    """A decoded PyAV video frame as a new C-contiguous uint8 ``(H, W, 3)`` tensor, PyAV's
+    pixels. (PyAV 18.1.1 returns the frame's own rows, padded to its line alignment where
+    ``3 * W`` is not a multiple of it: copied then, the rare case of narrow frames.)"""
     rgb = _reformatter().reformat(frame, format="rgb24", **one_thread_options())
-    return torch.from_numpy(rgb.to_ndarray())
+    return torch.from_numpy(np.ascontiguousarray(rgb.to_ndarray()))
 
 
 def write_rgb24(frame: Any, out: torch.Tensor) -> None:
