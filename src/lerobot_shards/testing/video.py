@@ -39,11 +39,11 @@ os.environ.setdefault("SVT_LOG", "1")
 def scheduling_kept() -> Iterator[None]:
     """The calling thread's CPU scheduling put back as it was when the block ends.
 
-    SVT-AV1 (4.1 and 4.3, in PyAV 18.1.0's and 18.1.1's wheels) switches the thread that opens an encoder to real-time
-    scheduling (``SCHED_FIFO``, priority 99) wherever it may, as root does. Every process
-    started from that thread afterwards inherits it (DataLoader workers, ``torchrun``, a
-    forkserver): on a 2-core machine two such processes busy in the kernel starved its own
-    threads, and a DDP epoch hung reaping its DataLoader workers."""
+    SVT-AV1 (4.1 and 4.3, in PyAV 18.1.0's and 18.1.1's wheels) switches the thread that
+    opens an encoder to real-time scheduling (``SCHED_FIFO``, priority 99) wherever it may, as
+    root does. Every process started from that thread afterwards inherits it (DataLoader
+    workers, ``torchrun``, a forkserver): on a 2-core machine two such processes busy in the
+    kernel starved its own threads, and a DDP epoch hung reaping its DataLoader workers."""
     if not hasattr(os, "sched_getscheduler"):  # not Linux
         yield
         return
