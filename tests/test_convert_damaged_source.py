@@ -68,8 +68,8 @@ def frames_decoded(video: Path) -> int | None:
 
 
 def damage(video: Path, pos: int, size: int, breaks: Callable[[int | None], bool]) -> None:
-    """Flip the bytes of the packet at ``pos`` from the first sixteenth of it (its headers
-    kept) at which what PyAV decodes ``breaks``. Which bytes break a frame, rather than only
+    """Flip the bytes of the packet at ``pos`` from the first sixteenth of it (never its
+    first bytes) at which what PyAV decodes ``breaks``. Which bytes break a frame, rather than only
     blur it, is the encoder's choice and moves with SVT-AV1's version: the test finds them."""
     pristine = video.read_bytes()
     for sixteenth in range(1, 16):

@@ -31,7 +31,7 @@ import av
 import numpy as np
 import torch
 
-from lerobot_shards.reader.frames.rgb24 import one_thread_options
+from lerobot_shards.reader.frames.rgb24 import converted
 from lerobot_shards.source.layout import Source, SourceError
 
 VIDEO_BACKENDS = ("pyav", "torchcodec")
@@ -65,14 +65,6 @@ def _nearest(queries: np.ndarray, times: np.ndarray, tolerance_s: float, where: 
 
 _SEEK_MARGINS_S = (1.0, 10.0, None)
 """How far before a frame to seek again when a seek landed past it; ``None``: the file's start."""
-
-
-def _to_ndarray(frame: av.VideoFrame, pix_fmt: str) -> np.ndarray:
-    """PyAV's ``frame.to_ndarray(format=pix_fmt)`` (LeRobot's pixels), converted on one swscale
-    thread. PyAV 18.1.1 keeps its swscale context, threads included, from one call to the next;
-    a DataLoader worker forked after the parent converted a frame inherits that context without
-    its threads, and hung freeing it."""
-    return frame.reformat(format=pix_fmt, **one_thread_options()).to_ndarray()
 
 
 class PyAVDecoder:
@@ -126,10 +118,10 @@ class PyAVDecoder:
         times = np.array([t for t, _ in self._buffer])
         idx = _nearest(queries, times, tolerance_s, f"{self.name} ({where})")
         if depth is None:
-            frames = [_to_ndarray(self._buffer[i][1], "rgb24") for i in idx]
+            frames = [converted(self._buffer[i][1], "rgb24") for i in idx]
             out = torch.stack([torch.from_numpy(f).permute(2, 0, 1) for f in frames])
         else:  # LeRobot's codes: PyAV's gray12le (H, W) uint16
-            codes = [_to_ndarray(self._buffer[i][1], "gray12le") for i in idx]
+            codes = [converted(self._buffer[i][1], "gray12le") for i in idx]
             out = torch.stack([torch.from_numpy(np.take(depth, c))[None] for c in codes])
         # Keep from the last frame at or before `first`: the next item usually starts there.
         keep = max(int(np.searchsorted(times, first, side="right")) - 1, 0)

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lerobot_shards.reader.frames.rgb24 import one_thread_options
+from lerobot_shards.reader.frames.rgb24 import converted
 
 DEPTH_PIX_FMT = "gray12le"
 """The pixel format LeRobot reads depth codes in (and encodes them in by default)."""
@@ -36,7 +36,7 @@ def to_depth(frame: Any, table: np.ndarray) -> torch.Tensor:
         codes = np.frombuffer(plane, dtype="<u2", count=row * height).reshape(height, row)
         codes = codes[:, :width]
     else:
-        codes = frame.reformat(format=DEPTH_PIX_FMT, **one_thread_options()).to_ndarray()
+        codes = converted(frame, DEPTH_PIX_FMT)
     out = torch.empty((height, width, 1), dtype=torch.float32)
     np.take(table, codes, out=out.numpy()[..., 0], mode="clip")  # clip: unbuffered; codes fit
     return out

@@ -47,6 +47,14 @@ def to_rgb24(frame: Any) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(rgb.to_ndarray()))
 
 
+def converted(frame: Any, pix_fmt: str) -> np.ndarray:
+    """PyAV's ``frame.to_ndarray(format=pix_fmt)``, converted on one swscale thread. PyAV
+    18.1.1 keeps its swscale context, threads included, from one call to the next; a DataLoader
+    worker forked after the parent converted a frame inherits that context without its threads,
+    and hung freeing it."""
+    return frame.reformat(format=pix_fmt, **one_thread_options()).to_ndarray()
+
+
 def write_rgb24(frame: Any, out: torch.Tensor) -> None:
     """Write ``frame`` as rgb24 into ``out``, a C-contiguous uint8 ``(H, W, 3)`` tensor: the
     pixels :func:`to_rgb24` gives, converted in place where that is checked to be exact."""
