@@ -18,7 +18,14 @@ from torch.utils.data import default_collate
 from lerobot_shards.reader.batches import collate as collate_module
 from lerobot_shards.reader.batches.collate import rows_in_place, typed_item
 from lerobot_shards.reader.batches.ring import BatchRing, RingWriter
-from lerobot_shards.reader.batches.rows import Place, RowArena, unpack
+from lerobot_shards.reader.batches.rows import (
+    IN_COLUMN,
+    Place,
+    RowArena,
+    by_column,
+    from_columns,
+    unpack,
+)
 from lerobot_shards.reader.plan.interleave import Interleave
 
 pytestmark = pytest.mark.skipif(
@@ -62,6 +69,7 @@ def make_rows(ring: BatchRing, chunk: list[dict], lanes: int, batch_size: int, b
     for lane in range(lanes):
         writer = RingWriter(ring.handle)
         arena = RowArena(writer, interleave.places(lane, batch_size), base, decode_into=True)
+        rows, segment = [], []
         for item in chunk[lane::lanes]:
             slots = arena.slots()
             made = dict(item)
@@ -70,7 +78,11 @@ def make_rows(ring: BatchRing, chunk: list[dict], lanes: int, batch_size: int, b
                 made["cam"] = slots["cam"][0].permute(2, 0, 1)
             batch, row, packed = arena.pack(typed_item(made, ["cam", "depth"]))
             assert batch == 0
-            received[row] = send(packed)
+            rows.append(row)
+            segment.append(packed)
+        held, columns = send(by_column(segment))  # the lane's segment, as the worker sends it
+        from_columns(held, columns)
+        received.update(zip(rows, held, strict=True))
     return [received[r] for r in range(len(chunk))]
 
 
@@ -139,6 +151,26 @@ def test_a_camera_is_decoded_into_its_row_once_seen_and_a_transformed_one_is_cop
     assert arena.batch_ends()
 
 
+def test_a_view_of_the_row_that_is_not_its_frames_is_packed_as_what_it_is():
+    """An item's frames that start where the decoder wrote them but are another view of them
+    (a crop a transform made) are not taken for the row's frames."""
+    r = ring(slots=1, batch_size=4)
+    r.assign(0)
+    writer = RingWriter(r.handle)
+    arena = RowArena(writer, Interleave([4], 1).places(0, 4), 0, decode_into=True)
+    chunk = items(4, seed=3)
+    assert arena.slots() is None  # the camera's frames are not known yet
+    arena.pack(typed_item(chunk[0], ["cam", "depth"]))
+    slots = arena.slots()
+    slots["cam"][0].copy_(chunk[1]["cam"].permute(1, 2, 0))
+    crop = slots["cam"][0].permute(2, 0, 1)[:, :, :4]  # same first byte, fewer columns
+    _, _, packed = arena.pack(typed_item(dict(chunk[1], cam=crop), ["cam", "depth"]))
+    sent = packed["cam"]
+    got = sent if isinstance(sent, torch.Tensor) else unpack([packed], r)[0]["cam"]
+    assert tuple(got.shape) == (3, 6, 4)
+    assert torch.equal(got.as_subclass(torch.Tensor), chunk[1]["cam"][:, :, :4])
+
+
 def test_rows_in_place_only_for_consecutive_rows_of_one_memory(monkeypatch):
     monkeypatch.setattr(collate_module, "get_worker_info", lambda: None)
     memory = torch.arange(4 * 24, dtype=torch.uint8).view(4, 2, 4, 3)
@@ -149,3 +181,36 @@ def test_rows_in_place_only_for_consecutive_rows_of_one_memory(monkeypatch):
     assert rows_in_place(frames[::-1]) is None
     assert rows_in_place([frames[0], frames[2]]) is None
     assert rows_in_place([f.clone() for f in frames]) is None
+
+
+def test_a_segments_small_tensors_travel_as_columns_and_come_back_as_they_were():
+    """Values of one shape and dtype in every item go as one stacked array each and come back
+    equal, plain tensors, in each item's own key order; any other value goes as it was."""
+    from lerobot_shards.reader.batches.collate import ByValue
+
+    made = [
+        {
+            "index": torch.tensor(i),
+            "state": torch.randn(4),
+            "ragged": torch.zeros(i + 1),  # shapes differ: not a column
+            "task": f"task {i}",
+        }
+        for i in range(3)
+    ]
+
+    def by_value(value):
+        return value.clone().as_subclass(ByValue) if isinstance(value, torch.Tensor) else value
+
+    packed = [{k: by_value(v) for k, v in m.items()} for m in made]
+    held, columns = send(by_column(packed))
+    assert sorted(columns) == ["index", "state"]
+    assert all(item["index"] is IN_COLUMN for item in held)
+    from_columns(held, columns)
+    for item, original in zip(held, made, strict=True):
+        assert list(item) == list(original)
+        for key, value in original.items():
+            if isinstance(value, torch.Tensor):
+                assert type(item[key]) is torch.Tensor and torch.equal(item[key], value), key
+            else:
+                assert item[key] == value
+    assert by_column(packed[:1]) == (packed[:1], {})  # one item: nothing to stack

@@ -26,10 +26,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+import numpy as np
 from torch.utils.data import IterableDataset
 
 from lerobot_shards.reader.batches.ring import BatchRing, RingHandle, RingWriter
-from lerobot_shards.reader.batches.rows import RowArena, unpack
+from lerobot_shards.reader.batches.rows import RowArena, by_column, from_columns, unpack
 from lerobot_shards.reader.plan.interleave import Interleave
 
 logger = logging.getLogger(__name__)
@@ -46,12 +47,14 @@ class Mixing:
 
 class Segment(NamedTuple):
     """A worker's rows of one batch: ``items[i]`` goes to row ``rows[i]`` of batch ``batch``
-    (numbered from the iteration's start), which holds ``length`` samples in all."""
+    (numbered from the iteration's start), which holds ``length`` samples in all; their small
+    tensors of one kind stacked in ``columns`` (``rows.by_column``)."""
 
     batch: int
     length: int
     rows: list[int]
     items: list[dict]
+    columns: dict[str, np.ndarray]
 
 
 class SegmentSource(IterableDataset):
@@ -103,7 +106,8 @@ def segments(
         rows.append(row)
         packed.append(ready)
         if arena.batch_ends():
-            yield Segment(batch, interleave.batch_length(batch, batch_size), rows, packed)
+            length = interleave.batch_length(batch, batch_size)
+            yield Segment(batch, length, rows, *by_column(packed))
             rows, packed = [], []
     if packed:
         raise RuntimeError(f"batch {batch}: the worker's stream ended inside the batch")
@@ -135,6 +139,8 @@ def assemble(
             rows = [row for part in parts for row in part.rows]
             if sorted(rows) != list(range(length)):
                 raise RuntimeError(f"batch {nxt}: the workers' rows {sorted(rows)} do not tile it")
+            for part in parts:
+                from_columns(part.items, part.columns)
             items: list[Any] = [None] * length
             unpacked = unpack([item for part in parts for item in part.items], ring)
             for row, item in zip(rows, unpacked, strict=True):
