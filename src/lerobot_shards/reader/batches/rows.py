@@ -209,7 +209,7 @@ IN_COLUMN = _InColumn()
 def by_column(items: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, np.ndarray]]:
     """Packed ``items`` with each key whose values are all small tensors of one shape and dtype
     (state, action, indices) sent as one stacked array, and :data:`IN_COLUMN` in its place:
-    one array pickles in the time of one of the sixteen tensors it replaces (numpy's reduction
+    one array pickles in about the time of one of the tensors it replaces (numpy's reduction
     of each, a few microseconds). :func:`from_columns` gives the items back."""
     if len(items) < 2:
         return items, {}
