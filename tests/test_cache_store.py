@@ -336,6 +336,65 @@ def test_limit_holds_at_all_times_across_processes(tmp_path):
     assert_consistent(tmp_path, max(limits))
 
 
+def open_at_once(folder: str, barrier, out) -> None:
+    barrier.wait()
+    try:
+        CacheStore(folder, 10**6, min_free_bytes=0).close()
+        out.put("opened")
+    except CacheUnavailable as exc:
+        out.put(str(exc))
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="forks")
+def test_processes_opening_a_new_cache_folder_at_once_all_open_it(tmp_path):
+    """A node's ranks and workers open a new cache folder together: each of 8 processes,
+    released at once, opens it, in each of 20 new folders (the switch to WAL mode answered
+    "database is locked" without waiting, for about a quarter of such starts of 4)."""
+    ctx = mp.get_context("fork")
+    for n in range(20):
+        barrier, out = ctx.Barrier(8), ctx.Queue()
+        procs = [
+            ctx.Process(target=open_at_once, args=(str(tmp_path / str(n)), barrier, out))
+            for _ in range(8)
+        ]
+        for p in procs:
+            p.start()
+        results = [out.get(timeout=120) for _ in procs]
+        for p in procs:
+            p.join(60)
+        assert results == ["opened"] * 8, (n, results)
+
+
+def die_downloading(folder: str, data: bytes) -> None:
+    """A writer killed while it writes its download: its row pending, its temporary file on
+    disk, nothing committed."""
+    store = CacheStore(folder, 10**6, min_free_bytes=0)
+    assert isinstance(store.reserve(key_of(data), len(data), time.time(), NEVER), Reservation)
+    files_module.write_synced(store.tmp_dir / files_module.tmp_name(store._me), data)
+    os._exit(0)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="forks")
+def test_a_dead_writers_download_goes_with_its_row(tmp_path):
+    """A process that finds a dead writer's download pending (the cache already open: no
+    cleaning at opening) removes its temporary file as it drops its row: the disk never holds
+    bytes the books no longer count."""
+    from support.cache_disk import disk_bytes
+
+    data = payload(5, 20_000)
+    store = CacheStore(tmp_path, 10**6, min_free_bytes=0)
+    child = mp.get_context("fork").Process(target=die_downloading, args=(str(tmp_path), data))
+    child.start()
+    child.join(60)
+    assert [p.name for p in (tmp_path / "tmp").iterdir()]  # what it left
+    got = store.reserve(key_of(data), len(data), time.time(), NEVER)
+    assert isinstance(got, Reservation)  # the dead writer's claim is dropped, ours taken
+    got.commit(data)
+    assert not list((tmp_path / "tmp").iterdir())
+    assert disk_bytes(tmp_path) <= store.usage()[0] == len(data)
+    store.close()
+
+
 def claim(folder: str, key: str, size: int, barrier, out) -> None:
     store = CacheStore(folder, 10**6, min_free_bytes=0)
     barrier.wait()

@@ -236,7 +236,7 @@ class CacheStore:
                 isolation_level=None,
                 check_same_thread=False,
             )
-            if db.execute("PRAGMA journal_mode=WAL").fetchone()[0] != "wal":
+            if _journal_mode_wal(db) != "wal":
                 raise sqlite3.OperationalError("WAL journal mode is not available here")
             db.execute("PRAGMA synchronous=NORMAL")
             self._local.db = db
@@ -403,7 +403,16 @@ class CacheStore:
         _drop_rows(db, [key])  # its writer died: what it left goes
         _add(db, used=-row[3], pending=-row[3])
         files.unlink_quietly(files.entry_path(self.entries_dir, key))
+        self._drop_downloads(_owner(row[1]))
         return None
+
+    def _drop_downloads(self, writer: files.Owner) -> None:
+        """Remove the downloads a dead ``writer`` left in tmp/, as its pending row goes: the
+        books no longer count them, so the disk must not hold them (``_clean`` would, only at
+        the next opening). Its evictions in tmp/ stay for ``_clean`` to put back."""
+        for tmp in files.scan(self.tmp_dir):
+            if files.key_of_tmp(tmp.name) is None and files.owner_of_tmp(tmp.name) == writer:
+                files.unlink_quietly(Path(tmp.path))
 
     def _victims(
         self,
@@ -642,6 +651,23 @@ class CacheStore:
                 self._connections.clear()
             os.close(self._lock_fd)
         self._pid = -1
+
+
+def _journal_mode_wal(db: sqlite3.Connection) -> str:
+    """Switch ``db`` to WAL mode (a no-op once the file is): the journal mode it is in after.
+
+    Processes that open a new cache folder at once (a node's ranks and DataLoader workers)
+    switch together, and SQLite answers some of them "database is locked" at once, without
+    waiting out the busy timeout (a shared lock it cannot raise while another holds one): they
+    try again until the timeout."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    while True:
+        try:
+            return db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+        time.sleep(WAIT_POLL_S)
 
 
 class Reservation:
