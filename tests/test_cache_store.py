@@ -336,6 +336,20 @@ def test_limit_holds_at_all_times_across_processes(tmp_path):
     assert_consistent(tmp_path, max(limits))
 
 
+def released_at_once(n: int, method: str, target, *args) -> list:
+    """What each of ``n`` processes (``method``: fork or spawn) of ``target(*args, barrier,
+    out)`` puts in ``out``, all of them released by ``barrier`` at once."""
+    ctx = mp.get_context(method)
+    barrier, out = ctx.Barrier(n), ctx.Queue()
+    procs = [ctx.Process(target=target, args=(*args, barrier, out)) for _ in range(n)]
+    for p in procs:
+        p.start()
+    results = [out.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(60)
+    return results
+
+
 def open_at_once(folder: str, barrier, out) -> None:
     barrier.wait()
     try:
@@ -350,18 +364,8 @@ def test_processes_opening_a_new_cache_folder_at_once_all_open_it(tmp_path):
     """A node's ranks and workers open a new cache folder together: each of 8 processes,
     released at once, opens it, in each of 20 new folders (the switch to WAL mode answered
     "database is locked" without waiting, for about a quarter of such starts of 4)."""
-    ctx = mp.get_context("fork")
     for n in range(20):
-        barrier, out = ctx.Barrier(8), ctx.Queue()
-        procs = [
-            ctx.Process(target=open_at_once, args=(str(tmp_path / str(n)), barrier, out))
-            for _ in range(8)
-        ]
-        for p in procs:
-            p.start()
-        results = [out.get(timeout=120) for _ in procs]
-        for p in procs:
-            p.join(60)
+        results = released_at_once(8, "fork", open_at_once, str(tmp_path / str(n)))
         assert results == ["opened"] * 8, (n, results)
 
 
@@ -411,17 +415,7 @@ def claim(folder: str, key: str, size: int, barrier, out) -> None:
 
 def test_a_node_downloads_an_episode_at_most_once(tmp_path):
     data = payload(7, 50_000)
-    ctx = mp.get_context("spawn")
-    barrier, out = ctx.Barrier(4), ctx.Queue()
-    procs = [
-        ctx.Process(target=claim, args=(str(tmp_path), key_of(data), len(data), barrier, out))
-        for _ in range(4)
-    ]
-    for p in procs:
-        p.start()
-    results = [out.get(timeout=120) for _ in procs]
-    for p in procs:
-        p.join(60)
+    results = released_at_once(4, "spawn", claim, str(tmp_path), key_of(data), len(data))
     assert sorted(kind for kind, _ in results).count("downloaded") == 1
     assert all(ok for _, ok in results)
     assert {kind for kind, _ in results} <= {"downloaded", "Wait", "Ready"}
